@@ -1,0 +1,28 @@
+"""Stages of the request pipeline, one per file; `build_pipeline` picks them per route kind.
+
+Route kinds and their stages (the phases listed are exactly what Envoy is configured to send):
+- `llm`: request body -> `parse_json`, `encode_request`; response body -> `decode_response`.
+- `passthrough`: request headers -> `select_backend`.
+- `health`: request headers -> `health`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extproc.pipeline import Pipeline
+from extproc.stages.decode_response import DecodeResponse
+from extproc.stages.encode_request import EncodeRequest
+from extproc.stages.health import Health
+from extproc.stages.parse_json import ParseJson
+from extproc.stages.select_backend import SelectBackend
+
+
+def build_pipeline(route: Any) -> Pipeline:
+    if route.kind == "llm":
+        return Pipeline([ParseJson(), EncodeRequest(), DecodeResponse()])
+    if route.kind == "passthrough":
+        return Pipeline([SelectBackend()])
+    if route.kind == "health":
+        return Pipeline([Health()])
+    raise ValueError(f"no pipeline for route kind {route.kind!r}")

@@ -1,0 +1,90 @@
+"""OpenAI-compatible chat backend (vLLM's OpenAI server, or the simulator in `simulator_openai`).
+
+Wire protocol: `POST /v1/chat/completions` with a JSON body; response `choices[0].message.content`.
+For an `llm` route the adapter builds the chat request from the client's JSON:
+- with a `request` template, the template's output is the request body; `model` and
+  `response_format` are filled in when the template leaves them out;
+- without one, the prompt is the client's `query`/`prompt`/`input`/`question`/`text` string field
+  if it has one, else the client's whole JSON text.
+When the route has an output schema (declared, or derived from the transform), the request asks
+for `response_format: {"type": "json_schema", ...}` and the model's content is parsed as JSON.
+Health probe path: `/health` (vLLM and the simulator both serve it).
+Cost per request: one template render and one orjson encode; on the way back one orjson parse of
+the backend response and one of the model's content.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+
+from backends.base import BackendError, EncodedRequest, InputError
+from extproc.template import MissingPathError
+
+PROMPT_FIELDS = ("query", "prompt", "input", "question", "text")
+SYSTEM_PROMPT = "Answer with a single JSON object that matches the requested schema. No prose."
+
+
+class OpenAIAdapter:
+    kind: ClassVar[str] = "openai"
+    default_health_path: ClassVar[str] = "/health"
+    chat_path: ClassVar[str] = "/v1/chat/completions"
+
+    def encode_llm(self, route: Any, doc: Any) -> EncodedRequest:
+        if route.request is not None:
+            try:
+                body = route.request.render(doc)
+            except MissingPathError as e:
+                raise InputError("missing_input_field", f"request field {e.path} is required by this route",
+                                 path=e.path) from None
+        else:
+            body = {"messages": self._messages(route, doc)}
+        if isinstance(body, dict):
+            body.setdefault("model", route.model)
+            if route.response_schema is not None and "response_format" not in body:
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": route.name.replace("-", "_"), "schema": route.response_schema,
+                                    "strict": True},
+                }
+        return EncodedRequest(self.chat_path, orjson.dumps(body))
+
+    @staticmethod
+    def _messages(route: Any, doc: Any) -> list[dict[str, str]]:
+        prompt = None
+        if isinstance(doc, dict):
+            prompt = next((doc[k] for k in PROMPT_FIELDS if isinstance(doc.get(k), str)), None)
+        if prompt is None:
+            prompt = doc if isinstance(doc, str) else orjson.dumps(doc).decode()
+        messages = [{"role": "user", "content": prompt}]
+        if route.response_schema is not None:
+            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+        return messages
+
+    def decode_llm(self, route: Any, status: int, body: bytes) -> dict[str, Any]:
+        try:
+            resp = orjson.loads(body) if body else None
+        except orjson.JSONDecodeError:
+            resp = None
+        if status >= 400:
+            message = f"backend {route.backend.name} answered HTTP {status}"
+            if isinstance(resp, dict) and isinstance(resp.get("error"), dict):
+                message += f": {resp['error'].get('message', '')}".rstrip(": ")
+            raise BackendError(status if status < 500 else 502, "backend_error", message)
+        if not isinstance(resp, dict):
+            raise BackendError(502, "backend_bad_response", f"backend {route.backend.name} answered with no JSON object")
+        try:
+            content = resp["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise BackendError(502, "backend_bad_response",
+                               f"backend {route.backend.name} response has no choices[0].message.content") from None
+        output: Any = content
+        if route.response_schema is not None:
+            try:
+                output = orjson.loads(content)
+            except (orjson.JSONDecodeError, TypeError):
+                snippet = str(content)[:120]
+                raise BackendError(502, "model_output_not_json",
+                                   f"model output is not the requested JSON: {snippet!r}") from None
+        return {"output": output, "model": resp.get("model"), "usage": resp.get("usage"), "response": resp}

@@ -1,0 +1,1086 @@
+"""OpenAI-API (vLLM-flavoured) backend simulator for testing the gateway.
+
+This is a *simulator*, not a model: it speaks the OpenAI / vLLM HTTP wire
+protocol faithfully (paths, JSON shapes, SSE streaming, error bodies, the
+``/metrics`` names vLLM exports) but its answers are deterministic pseudo-text
+or schema-valid JSON derived from a hash of the request.  It lets the gateway
+be tested end to end without a GPU.
+
+Serving
+    A raw ASGI application (no framework) served by hypercorn, so one port
+    speaks HTTP/1.1 and cleartext HTTP/2 with prior knowledge (h2c).
+    ``python -m backends.simulator_openai --port 8101`` prints one readiness
+    line and exits 0 on SIGTERM/SIGINT.  In-process use: :func:`build_app`,
+    :class:`SimulatorSettings`, :func:`serve`.
+
+Endpoints
+    ``POST /v1/chat/completions``, ``POST /v1/completions``,
+    ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``,
+    ``GET|POST /ping``, ``GET /version``, ``GET /metrics``.
+
+Content
+    * Free text: words from a fixed vocabulary, one word per token; exactly
+      ``max_tokens`` (``max_completion_tokens`` for chat) tokens, 16 when not
+      given.  ``finish_reason`` is ``"length"`` when the client set a limit
+      (the text was cut there) and ``"stop"`` otherwise.
+    * ``response_format`` ``json_schema``: a JSON document valid against the
+      schema (:mod:`backends.simulator_schema`); ``json_object``: a JSON
+      object.  Structured content is never truncated by ``max_tokens`` and
+      always ends with ``"stop"``; it streams as 4-character token chunks.
+    * Deterministic: values come from a hash of (model, messages/prompt,
+      response_format, request ``seed``, simulator ``--seed``, choice index).
+    * Token counting approximation: a prompt has ``ceil(utf8_bytes / 4)``
+      tokens, where the bytes are the concatenated message contents (text
+      parts only) or the prompt string; a list of token ids counts its length.
+      Structured completions count ``ceil(len(json_text) / 4)`` tokens.
+
+Engine model
+    Each base model is an independent simulated engine (its LoRA adapters share
+    it), with ``max_num_seqs`` running slots and a KV cache of
+    ``kv_cache_tokens``.  A request waits, ordered by ``(priority, arrival)``
+    (lower priority value first, as in vLLM), until a slot is free and the KV
+    cache can *reserve* its whole footprint (prompt plus all planned completion
+    tokens, so no preemption is ever needed).  The KV usage gauge reports what
+    running sequences actually *hold*: prompt tokens once prefilled plus the
+    tokens generated so far.  Prefill takes ``prompt_tokens /
+    prefill_tokens_per_s``; every further token ``1 / decode_tokens_per_s``
+    (sequences decode in parallel; a speed of 0 means instant).  TTFT is queue
+    time plus prefill.  A request with ``n`` choices is one sequence group: one
+    slot, one KV reservation.  A client disconnect cancels the request and
+    frees its slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import bisect
+import contextlib
+import dataclasses
+import hashlib
+import heapq
+import itertools
+import logging
+import math
+import random
+import signal
+import socket
+import struct
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from .simulator_schema import instance_for
+
+__all__ = ["SimulatorApp", "SimulatorSettings", "build_app", "count_tokens", "main", "serve"]
+
+log = logging.getLogger("backends.simulator")
+
+VERSION = "simulator-0.1"
+DEFAULT_MAX_TOKENS = 16
+EMBEDDING_DIM = 16
+MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_N = 128
+
+_VOCAB = (
+    "the", "market", "simulated", "answer", "returns", "a", "steady", "signal",
+    "of", "quarterly", "growth", "while", "risk", "remains", "within", "bounds",
+    "and", "the", "portfolio", "holds", "balanced", "assets", "across", "sectors",
+    "with", "modest", "volatility", "expected", "yield", "tracks", "the", "index",
+)
+_JSON_OBJECT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string"},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "simulated": {"const": True},
+    },
+    "required": ["answer", "confidence", "simulated"],
+}
+
+# vLLM's bucket boundaries (vllm/engine/metrics.py).
+_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+_FINISHED_REASONS = ("stop", "length", "abort")
+
+
+# --------------------------------------------------------------------------
+# Settings
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatorSettings:
+    """Configuration of one simulator process (one simulated vLLM server)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8101
+    models: tuple[str, ...] = ("qwen2.5-finance", "llama-3-8b")
+    loras: tuple[tuple[str, str], ...] = ()  # (adapter name, base model)
+    prefill_tokens_per_s: float = 0.0  # 0 = instant
+    decode_tokens_per_s: float = 0.0  # 0 = instant
+    max_num_seqs: int = 256
+    kv_cache_tokens: int = 65536
+    max_model_len: int = 32768  # reported and enforced as min(this, kv_cache_tokens)
+    seed: int = 0
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "loras", tuple((str(n), str(b)) for n, b in self.loras))
+        if not self.models or any(not m for m in self.models):
+            raise ValueError("the simulator needs at least one non-empty model name")
+        names = list(self.models) + [name for name, _ in self.loras]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate model or LoRA names: {names}")
+        for name, base in self.loras:
+            if base not in self.models:
+                raise ValueError(f"LoRA {name!r} names unknown base model {base!r}")
+        if self.prefill_tokens_per_s < 0 or self.decode_tokens_per_s < 0:
+            raise ValueError("token speeds must be >= 0 (0 means instant)")
+        if self.max_num_seqs < 1 or self.kv_cache_tokens < 1 or self.max_model_len < 1:
+            raise ValueError("max_num_seqs, kv_cache_tokens and max_model_len must be >= 1")
+
+    @property
+    def effective_max_model_len(self) -> int:
+        return min(self.max_model_len, self.kv_cache_tokens)
+
+
+def count_tokens(text: str) -> int:
+    """The simulator's token approximation: ceil(utf-8 bytes / 4)."""
+    return math.ceil(len(text.encode("utf-8")) / 4)
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+class _HTTPError(Exception):
+    """An error answered as vLLM does: ``{"error": {message, type, param, code}}``."""
+
+    def __init__(self, status: int, message: str, type_: str, param: str | None = None,
+                 headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.headers = list(headers)
+
+    def payload(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.status}}
+
+
+def _bad_request(message: str, param: str | None = None) -> _HTTPError:
+    return _HTTPError(400, message, "BadRequestError", param)
+
+
+# --------------------------------------------------------------------------
+# Metrics
+# --------------------------------------------------------------------------
+
+
+class _HistogramState:
+    """Cumulative-bucket histogram state, exposed by :class:`_EngineCollector`."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # last slot: above every bound (+Inf)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def cumulative_buckets(self) -> list[tuple[str, int]]:
+        running = list(itertools.accumulate(self.counts))
+        return [(floatToGoString(b), c) for b, c in zip(self.bounds, running)] + [("+Inf", running[-1])]
+
+
+@dataclasses.dataclass
+class _EngineStats:
+    """Counters and histograms of one engine (vLLM's per-``model_name`` series)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(_FINISHED_REASONS, 0))
+    ttft: _HistogramState = dataclasses.field(default_factory=lambda: _HistogramState(_TTFT_BUCKETS))
+    e2e: _HistogramState = dataclasses.field(default_factory=lambda: _HistogramState(_LATENCY_BUCKETS))
+    queue_time: _HistogramState = dataclasses.field(default_factory=lambda: _HistogramState(_LATENCY_BUCKETS))
+
+
+class _EngineCollector(Collector):
+    """Exposes the engines' state with vLLM's metric names, read at scrape time.
+
+    A hand-written collector rather than prometheus_client's Counter/Histogram
+    so the exposition carries exactly vLLM's series (no ``*_created``).
+    """
+
+    def __init__(self, engines: dict[str, _Engine], loras: tuple[tuple[str, str], ...]) -> None:
+        self._engines = engines
+        self._loras = loras
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc + " (simulator)", labels=["model_name"])
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc + " (simulator)", labels=["model_name", *extra])
+
+        def histogram(name: str, doc: str) -> HistogramMetricFamily:
+            return HistogramMetricFamily(name, doc + " (simulator)", labels=["model_name"])
+
+        running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        gpu_usage = gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.")
+        # CounterMetricFamily("x") is exposed as "x_total", which is vLLM's naming.
+        prompt = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        generation = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        success = counter("vllm:request_success", "Count of successfully processed requests.",
+                          ("finished_reason",))
+        ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.")
+        e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.")
+        queue = histogram("vllm:request_queue_time_seconds",
+                          "Histogram of time spent in WAITING phase for request.")
+        for model, engine in self._engines.items():
+            stats = engine.stats
+            running.add_metric([model], engine.num_running)
+            waiting.add_metric([model], engine.num_waiting)
+            kv_usage.add_metric([model], engine.kv_usage)
+            gpu_usage.add_metric([model], engine.kv_usage)
+            prompt.add_metric([model], stats.prompt_tokens)
+            generation.add_metric([model], stats.generation_tokens)
+            for reason, count in stats.finished.items():
+                success.add_metric([model, reason], count)
+            for family, state in ((ttft, stats.ttft), (e2e, stats.e2e), (queue, stats.queue_time)):
+                family.add_metric([model], state.cumulative_buckets(), state.total)
+        yield from (running, waiting, kv_usage, gpu_usage, prompt, generation, success, ttft, e2e, queue)
+
+        if self._loras:  # as vLLM with LoRA enabled: which adapters are busy (value: a timestamp)
+            info = GaugeMetricFamily(
+                "vllm:lora_requests_info", "Running stats on lora requests (simulator)",
+                labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+            running_names = {n for e in self._engines.values() for n in e.active_loras(running=True)}
+            waiting_names = {n for e in self._engines.values() for n in e.active_loras(running=False)}
+            info.add_metric([str(len(self._loras)), ",".join(sorted(waiting_names)),
+                             ",".join(sorted(running_names))], time.time())
+            yield info
+
+
+# --------------------------------------------------------------------------
+# Engine: scheduling, KV cache, pacing
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    served_model: str  # what the client asked for (base model or LoRA)
+    prompt_tokens: int
+    completion_tokens: int  # planned, over all choices
+    priority: int
+    arrival: float
+    order: int
+    admitted: asyncio.Future
+    held_tokens: int = 0
+
+    @property
+    def footprint(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class _Run:
+    """Handle on an admitted, prefilled request: paces and accounts decode steps."""
+
+    def __init__(self, engine: _Engine, job: _Job) -> None:
+        self._engine = engine
+        self._job = job
+        self._steps = 0
+        self._decode_start = 0.0
+        self.finish_reason = "stop"
+
+    def start_decode(self) -> None:
+        self._decode_start = asyncio.get_running_loop().time()
+
+    async def step(self, tokens: int) -> None:
+        """Produce one decode step of ``tokens`` tokens (one per live choice).
+
+        The first step is the token produced by prefill (no extra delay); each
+        later step is due ``1 / decode_tokens_per_s`` after the previous one.
+        """
+        speed = self._engine.settings.decode_tokens_per_s
+        loop = asyncio.get_running_loop()
+        if self._steps and speed > 0:
+            delay = self._decode_start + self._steps / speed - loop.time()
+            await asyncio.sleep(max(delay, 0.0))
+        else:
+            await asyncio.sleep(0)  # stay fair to other requests at infinite speed
+        stats = self._engine.stats
+        if self._steps == 0:
+            stats.ttft.observe(loop.time() - self._job.arrival)
+        self._steps += 1
+        self._job.held_tokens += tokens
+        stats.generation_tokens += tokens
+
+
+class _Engine:
+    """One simulated vLLM engine: a base model plus its LoRA adapters."""
+
+    def __init__(self, model: str, settings: SimulatorSettings) -> None:
+        self.model = model
+        self.settings = settings
+        self.stats = _EngineStats()
+        self._waiting: list[tuple[int, int, _Job]] = []  # heap on (priority, arrival order)
+        self._running: set[_Job] = set()
+        self._reserved_tokens = 0
+        self._order = itertools.count()
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        held = sum(job.held_tokens for job in self._running)
+        return min(held / self.settings.kv_cache_tokens, 1.0)
+
+    def active_loras(self, *, running: bool) -> list[str]:
+        jobs = self._running if running else (job for _, _, job in self._waiting)
+        return [job.served_model for job in jobs if job.served_model != self.model]
+
+    def new_job(self, served_model: str, prompt_tokens: int, completion_tokens: int, priority: int) -> _Job:
+        loop = asyncio.get_running_loop()
+        return _Job(served_model, prompt_tokens, completion_tokens, priority, loop.time(),
+                    next(self._order), loop.create_future())
+
+    @contextlib.asynccontextmanager
+    async def run(self, job: _Job) -> AsyncIterator[_Run]:
+        """Queue ``job``, wait for a slot and KV space, prefill, then yield a :class:`_Run`.
+
+        Leaving the block (normally, by error or by cancellation) frees the
+        slot and the KV cache; a request that did not finish normally is
+        counted with ``finished_reason="abort"``.
+        """
+        await self._wait_for_admission(job)
+        loop = asyncio.get_running_loop()
+        stats = self.stats
+        run = _Run(self, job)
+        try:
+            stats.queue_time.observe(loop.time() - job.arrival)
+            speed = self.settings.prefill_tokens_per_s
+            if speed > 0 and job.prompt_tokens:
+                await asyncio.sleep(job.prompt_tokens / speed)
+            job.held_tokens = job.prompt_tokens
+            stats.prompt_tokens += job.prompt_tokens
+            run.start_decode()
+            yield run
+        except BaseException:
+            stats.finished["abort"] += 1
+            raise
+        else:
+            stats.finished[run.finish_reason] += 1
+            stats.e2e.observe(loop.time() - job.arrival)
+        finally:
+            self._release(job)
+
+    async def _wait_for_admission(self, job: _Job) -> None:
+        heapq.heappush(self._waiting, (job.priority, job.order, job))
+        self._schedule()
+        try:
+            await job.admitted
+        except asyncio.CancelledError:
+            if job.admitted.done() and not job.admitted.cancelled():
+                self._release(job)  # admitted just as the client went away
+            else:
+                self._remove_waiting(job)
+            raise
+
+    def _remove_waiting(self, job: _Job) -> None:
+        kept = [entry for entry in self._waiting if entry[2] is not job]
+        if len(kept) != len(self._waiting):
+            self._waiting = kept
+            heapq.heapify(self._waiting)
+            self._schedule()  # the head may have been what blocked the queue
+
+    def _release(self, job: _Job) -> None:
+        if job in self._running:
+            self._running.discard(job)
+            self._reserved_tokens -= job.footprint
+            job.held_tokens = 0
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """Admit waiting jobs in (priority, arrival) order while they fit.
+
+        Strict order: if the head does not fit, nothing behind it is admitted
+        (as vLLM's scheduler does), so a large request is not starved.
+        """
+        while self._waiting:
+            _, _, job = self._waiting[0]
+            if job.admitted.done():  # cancelled while waiting, not yet removed
+                heapq.heappop(self._waiting)
+                continue
+            if len(self._running) >= self.settings.max_num_seqs:
+                return
+            if self._reserved_tokens + job.footprint > self.settings.kv_cache_tokens:
+                return
+            heapq.heappop(self._waiting)
+            self._running.add(job)
+            self._reserved_tokens += job.footprint
+            job.admitted.set_result(None)
+
+
+# --------------------------------------------------------------------------
+# Content generation
+# --------------------------------------------------------------------------
+
+
+def _digest(*parts: Any) -> int:
+    blob = orjson.dumps(parts, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "big")
+
+
+@dataclasses.dataclass
+class _Choice:
+    index: int
+    pieces: list[str]  # one entry per generated token
+    finish_reason: str
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+def _free_text_pieces(seed: int, count: int) -> list[str]:
+    rng = random.Random(seed)
+    pieces = []
+    for i in range(count):
+        word = _VOCAB[rng.randrange(len(_VOCAB))]
+        pieces.append(word.capitalize() if i == 0 else " " + word)
+    return pieces
+
+
+def _structured_text(response_format: Any, seed: int) -> str | None:
+    """The JSON text for a structured ``response_format``, or None for free text."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise _bad_request("`response_format` must be an object", "response_format")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        value = instance_for(_JSON_OBJECT_SCHEMA, seed)
+    elif kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise _bad_request("`response_format.json_schema` must be an object", "response_format")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, (dict, bool)):
+            raise _bad_request("`response_format.json_schema.schema` must be a JSON schema", "response_format")
+        try:
+            value = instance_for(schema, seed)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise _bad_request(f"The simulator cannot satisfy the JSON schema: {exc}", "response_format") from exc
+    else:
+        raise _bad_request(
+            f"`response_format.type` must be one of 'text', 'json_object', 'json_schema', not {kind!r}",
+            "response_format")
+    return orjson.dumps(value).decode()
+
+
+# --------------------------------------------------------------------------
+# Request parsing helpers
+# --------------------------------------------------------------------------
+
+
+def _parse_json_object(body: bytes) -> dict:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _bad_request(
+            f"Invalid JSON body: {exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})"
+        ) from exc
+    if not isinstance(value, dict):
+        raise _bad_request(f"The request body must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _int_field(body: dict, name: str, *, default: int | None, minimum: int | None = None,
+               maximum: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad_request(f"`{name}` must be an integer", name)
+    if minimum is not None and value < minimum:
+        raise _bad_request(f"`{name}` must be at least {minimum}, got {value}", name)
+    if maximum is not None and value > maximum:
+        raise _bad_request(f"`{name}` must be at most {maximum}, got {value}", name)
+    return value
+
+
+def _message_text(message: Any, index: int) -> str:
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise _bad_request(f"`messages[{index}]` must be an object with a string `role`", "messages")
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content
+                       if isinstance(part, dict) and part.get("type") == "text"
+                       and isinstance(part.get("text"), str))
+    raise _bad_request(f"`messages[{index}].content` must be a string, a list of parts or null", "messages")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    n: int
+    max_tokens: int | None  # explicit client limit, None when not given
+    stream: bool
+    include_usage: bool
+    priority: int
+    seed: int | None
+    response_format: Any
+
+
+def _common_options(body: dict, *, chat: bool) -> _Options:
+    n = _int_field(body, "n", default=1, minimum=1, maximum=MAX_N)
+    max_tokens = _int_field(body, "max_tokens", default=None, minimum=1)
+    if chat:
+        max_tokens = _int_field(body, "max_completion_tokens", default=None, minimum=1) or max_tokens
+    temperature = body.get("temperature")
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                                    or temperature < 0):
+        raise _bad_request("`temperature` must be a non-negative number", "temperature")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise _bad_request("`stream` must be a boolean", "stream")
+    stream_options = body.get("stream_options")
+    if stream_options is not None:
+        if not stream:
+            raise _bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+        if not isinstance(stream_options, dict):
+            raise _bad_request("`stream_options` must be an object", "stream_options")
+    include_usage = bool((stream_options or {}).get("include_usage", False))
+    return _Options(
+        n=n, max_tokens=max_tokens, stream=stream, include_usage=include_usage,
+        priority=_int_field(body, "priority", default=0),
+        seed=_int_field(body, "seed", default=None),
+        response_format=body.get("response_format"),
+    )
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+# --------------------------------------------------------------------------
+# ASGI plumbing
+# --------------------------------------------------------------------------
+
+
+class _Disconnected(Exception):
+    pass
+
+
+async def _read_body(receive: Callable, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        if message["type"] != "http.request":
+            continue
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _HTTPError(413, f"Request body larger than {limit} bytes", "RequestEntityTooLarge")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _wait_for_disconnect(receive: Callable) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _send_response(send: Callable, status: int, body: bytes, content_type: bytes | None,
+                         headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    all_headers = [(b"content-length", str(len(body)).encode())]
+    if content_type is not None:
+        all_headers.append((b"content-type", content_type))
+    all_headers.extend(headers)
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _send_json(send: Callable, payload: Any, status: int = 200,
+                     headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    await _send_response(send, status, orjson.dumps(payload), b"application/json", headers)
+
+
+class _EventStream:
+    """Server-sent events, each sent to the transport as soon as it is produced."""
+
+    def __init__(self, send: Callable) -> None:
+        self._send = send
+
+    async def start(self) -> None:
+        await self._send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]})
+
+    async def event(self, payload: dict) -> None:
+        await self._send({"type": "http.response.body", "body": b"data: " + orjson.dumps(payload) + b"\n\n",
+                          "more_body": True})
+
+    async def done(self) -> None:
+        await self._send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+# --------------------------------------------------------------------------
+# The application
+# --------------------------------------------------------------------------
+
+
+class SimulatorApp:
+    """The ASGI application of the OpenAI API simulator."""
+
+    def __init__(self, settings: SimulatorSettings) -> None:
+        self.settings = settings
+        self.created = int(time.time())
+        self._served: dict[str, str] = {m: m for m in settings.models}  # served name -> base model
+        self._served.update({name: base for name, base in settings.loras})
+        self.engines: dict[str, _Engine] = {m: _Engine(m, settings) for m in settings.models}
+        self.registry = CollectorRegistry(auto_describe=False)  # per app: no global state
+        self.registry.register(_EngineCollector(self.engines, settings.loras))
+        self._routes: dict[str, dict[str, Callable]] = {
+            "/v1/chat/completions": {"POST": self._chat_completions},
+            "/v1/completions": {"POST": self._completions},
+            "/v1/embeddings": {"POST": self._embeddings},
+            "/v1/models": {"GET": self._models},
+            "/health": {"GET": self._health},
+            "/ping": {"GET": self._health, "POST": self._health},
+            "/version": {"GET": self._version},
+            "/metrics": {"GET": self._metrics},
+        }
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # no websockets: hypercorn closes the connection
+        try:
+            body = await _read_body(receive, MAX_BODY_BYTES)
+        except _Disconnected:
+            return
+        except _HTTPError as exc:
+            await _send_json(send, exc.payload(), exc.status, exc.headers)
+            return
+
+        # Serve the request while watching for the client going away: a
+        # disconnect cancels the handler, which frees its engine slot.
+        handler = asyncio.ensure_future(self._dispatch(scope, body, send))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
+        try:
+            await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not handler.done():
+                log.info("simulator: client disconnected from %s %s; request cancelled",
+                         scope["method"], scope["path"])
+        finally:
+            for task in (handler, watcher):
+                task.cancel()
+            await asyncio.gather(handler, watcher, return_exceptions=True)
+
+    async def _lifespan(self, receive: Callable, send: Callable) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                log.info("simulator: serving models %s", ", ".join(self._served))
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _dispatch(self, scope: dict, body: bytes, send: Callable) -> None:
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            methods = self._routes.get(scope["path"])
+            if methods is None:
+                raise _HTTPError(404, f"Not Found: {scope['path']}", "NotFoundError")
+            handler = methods.get(scope["method"])
+            if handler is None:
+                allow = ", ".join(sorted(methods)).encode()
+                raise _HTTPError(405, f"Method {scope['method']} not allowed on {scope['path']}",
+                                 "MethodNotAllowedError", headers=[(b"allow", allow)])
+            await handler(body, tracking_send)
+        except _HTTPError as exc:
+            if not started:
+                await _send_json(send, exc.payload(), exc.status, exc.headers)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a simulator bug: answer 500 rather than drop the connection
+            log.exception("simulator: internal error on %s %s", scope["method"], scope["path"])
+            if not started:
+                error = _HTTPError(500, f"Internal simulator error: {exc!r}", "InternalServerError")
+                await _send_json(send, error.payload(), 500)
+
+    # -- model lookup -------------------------------------------------------
+
+    def _engine_for(self, body: dict) -> tuple[str, _Engine]:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise _bad_request("`model` is required and must be a string", "model")
+        base = self._served.get(model)
+        if base is None:
+            raise _HTTPError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        return model, self.engines[base]
+
+    def _check_context(self, prompt_tokens: int, options: _Options, choices: list[_Choice]) -> None:
+        max_len = self.settings.effective_max_model_len
+        per_choice = max((len(c.pieces) for c in choices), default=0)
+        requested = options.max_tokens if options.max_tokens is not None else per_choice
+        if prompt_tokens + requested > max_len:
+            raise _bad_request(
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{prompt_tokens + requested} tokens ({prompt_tokens} in the messages, {requested} in "
+                f"the completion). Please reduce the length of the messages or completion.")
+        footprint = prompt_tokens + sum(len(c.pieces) for c in choices)
+        if footprint > self.settings.kv_cache_tokens:
+            raise _bad_request(
+                f"The request needs {footprint} KV-cache tokens but the simulated cache holds only "
+                f"{self.settings.kv_cache_tokens}.")
+
+    def _plan(self, model: str, prompts: list[Any], options: _Options) -> list[_Choice]:
+        """Decide every choice's tokens up front (deterministically)."""
+        choices: list[_Choice] = []
+        for prompt in prompts:
+            for variant in range(options.n):
+                seed = _digest(model, prompt, options.response_format, options.seed, self.settings.seed, variant)
+                structured = _structured_text(options.response_format, seed)
+                if structured is not None:
+                    pieces = [structured[i:i + 4] for i in range(0, len(structured), 4)]
+                    finish = "stop"
+                else:
+                    pieces = _free_text_pieces(seed, options.max_tokens or DEFAULT_MAX_TOKENS)
+                    finish = "length" if options.max_tokens is not None else "stop"
+                choices.append(_Choice(len(choices), pieces, finish))
+        return choices
+
+    # -- generation endpoints ------------------------------------------------
+
+    async def _chat_completions(self, body: bytes, send: Callable) -> None:
+        request = _parse_json_object(body)
+        model, engine = self._engine_for(request)
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad_request("`messages` must be a non-empty list", "messages")
+        prompt_tokens = count_tokens("".join(_message_text(m, i) for i, m in enumerate(messages)))
+        options = _common_options(request, chat=True)
+        choices = self._plan(model, [messages], options)
+        await self._generate(engine, model, prompt_tokens, options, choices, chat=True, send=send)
+
+    async def _completions(self, body: bytes, send: Callable) -> None:
+        request = _parse_json_object(body)
+        model, engine = self._engine_for(request)
+        prompts, prompt_tokens = _parse_prompts(request.get("prompt"))
+        options = _common_options(request, chat=False)
+        choices = self._plan(model, prompts, options)
+        await self._generate(engine, model, prompt_tokens, options, choices, chat=False, send=send)
+
+    async def _generate(self, engine: _Engine, model: str, prompt_tokens: int, options: _Options,
+                        choices: list[_Choice], *, chat: bool, send: Callable) -> None:
+        self._check_context(prompt_tokens, options, choices)
+        completion_tokens = sum(len(c.pieces) for c in choices)
+        job = engine.new_job(model, prompt_tokens, completion_tokens, options.priority)
+        steps = max((len(c.pieces) for c in choices), default=0)
+        response_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        usage = _usage(prompt_tokens, completion_tokens)
+
+        if not options.stream:
+            async with engine.run(job) as run:
+                for step in range(steps):
+                    await run.step(sum(1 for c in choices if step < len(c.pieces)))
+                run.finish_reason = _request_finish_reason(choices)
+            await _send_json(send, _full_response(response_id, created, model, choices, usage, chat))
+            return
+
+        stream = _EventStream(send)
+        await stream.start()
+        object_name = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choice: _Choice, **fields: Any) -> dict:
+            entry: dict = {"index": choice.index}
+            if chat:
+                entry["delta"] = fields.get("delta", {})
+            else:
+                entry["text"] = fields.get("text", "")
+            entry.update(logprobs=None, finish_reason=fields.get("finish_reason"), stop_reason=None)
+            payload = {"id": response_id, "object": object_name, "created": created, "model": model,
+                       "choices": [entry]}
+            if options.include_usage:
+                payload["usage"] = None
+            return payload
+
+        async with engine.run(job) as run:
+            if chat:
+                for choice in choices:
+                    await stream.event(chunk(choice, delta={"role": "assistant", "content": ""}))
+            for step in range(steps):
+                live = [c for c in choices if step < len(c.pieces)]
+                await run.step(len(live))
+                for choice in live:
+                    piece = choice.pieces[step]
+                    last = step == len(choice.pieces) - 1
+                    finish = choice.finish_reason if last else None
+                    if chat:
+                        await stream.event(chunk(choice, delta={"content": piece}, finish_reason=finish))
+                    else:
+                        await stream.event(chunk(choice, text=piece, finish_reason=finish))
+            run.finish_reason = _request_finish_reason(choices)
+        if options.include_usage:
+            await stream.event({"id": response_id, "object": object_name, "created": created, "model": model,
+                                "choices": [], "usage": usage})
+        await stream.done()
+
+    async def _embeddings(self, body: bytes, send: Callable) -> None:
+        request = _parse_json_object(body)
+        model, engine = self._engine_for(request)
+        inputs, prompt_tokens = _parse_prompts(request.get("input"), field="input")
+        encoding = request.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise _bad_request("`encoding_format` must be 'float' or 'base64'", "encoding_format")
+        dims = _int_field(request, "dimensions", default=EMBEDDING_DIM, minimum=1, maximum=EMBEDDING_DIM)
+        if prompt_tokens > self.settings.effective_max_model_len:
+            raise _bad_request(
+                f"This model's maximum context length is {self.settings.effective_max_model_len} tokens. "
+                f"However, you requested {prompt_tokens} tokens in the input for embedding generation.")
+        job = engine.new_job(model, prompt_tokens, 0, _int_field(request, "priority", default=0))
+        async with engine.run(job):
+            pass
+        data = []
+        for index, item in enumerate(inputs):
+            vector = _embedding(_digest("embedding", model, item, self.settings.seed), dims)
+            encoded: Any = vector
+            if encoding == "base64":
+                encoded = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": encoded})
+        await _send_json(send, {
+            "id": "embd-" + uuid.uuid4().hex, "object": "list", "created": int(time.time()),
+            "model": model, "data": data,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0},
+        })
+
+    # -- informational endpoints ---------------------------------------------
+
+    async def _models(self, body: bytes, send: Callable) -> None:
+        max_len = self.settings.effective_max_model_len
+        data = [{"id": name, "object": "model", "created": self.created, "owned_by": "simulator",
+                 "root": name, "parent": None if base == name else base, "max_model_len": max_len}
+                for name, base in self._served.items()]
+        await _send_json(send, {"object": "list", "data": data})
+
+    async def _health(self, body: bytes, send: Callable) -> None:
+        await _send_response(send, 200, b"", None)
+
+    async def _version(self, body: bytes, send: Callable) -> None:
+        await _send_json(send, {"version": VERSION})
+
+    async def _metrics(self, body: bytes, send: Callable) -> None:
+        await _send_response(send, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST.encode())
+
+
+def _parse_prompts(value: Any, field: str = "prompt") -> tuple[list[Any], int]:
+    """Split ``prompt``/``input`` into items; return them and the total prompt tokens."""
+    if isinstance(value, str):
+        return [value], count_tokens(value)
+    if isinstance(value, list) and value:
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return [value], len(value)  # one pre-tokenized prompt
+        if all(isinstance(v, str) for v in value):
+            return list(value), sum(count_tokens(v) for v in value)
+        if all(isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+               for v in value):
+            return list(value), sum(len(v) for v in value)
+    raise _bad_request(
+        f"`{field}` must be a string, a non-empty list of strings, or token id list(s)", field)
+
+
+def _request_finish_reason(choices: list[_Choice]) -> str:
+    return "length" if any(c.finish_reason == "length" for c in choices) else "stop"
+
+
+def _full_response(response_id: str, created: int, model: str, choices: list[_Choice], usage: dict,
+                   chat: bool) -> dict:
+    if chat:
+        entries = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": None, "finish_reason": c.finish_reason, "stop_reason": None}
+                   for c in choices]
+    else:
+        entries = [{"index": c.index, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason,
+                    "stop_reason": None} for c in choices]
+    return {"id": response_id, "object": "chat.completion" if chat else "text_completion",
+            "created": created, "model": model, "choices": entries, "usage": usage}
+
+
+def _embedding(seed: int, dims: int) -> list[float]:
+    rng = random.Random(seed)
+    vector = [rng.gauss(0.0, 1.0) for _ in range(dims)]
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
+
+
+def build_app(settings: SimulatorSettings) -> SimulatorApp:
+    """Build the simulator's ASGI application (fresh engines and metrics registry)."""
+    return SimulatorApp(settings)
+
+
+# --------------------------------------------------------------------------
+# Serving
+# --------------------------------------------------------------------------
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve(settings: SimulatorSettings, shutdown_event: asyncio.Event, *,
+                on_ready: Callable[[str, int], None] | None = None) -> None:
+    """Serve the simulator until ``shutdown_event`` is set, then stop gracefully.
+
+    The socket is bound and listening before ``on_ready(host, port)`` is called
+    (``port`` is the real one when ``settings.port`` is 0), so connections made
+    after the callback are queued and served.
+    """
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config
+
+    sock = _listening_socket(settings.host, settings.port)
+    host, port = sock.getsockname()[:2]
+    config = Config()
+    config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns the listening socket from here
+    config.loglevel = settings.log_level.upper()
+    config.accesslog = None
+    config.graceful_timeout = 1.0
+    config.h2_max_concurrent_streams = max(100, 4 * settings.max_num_seqs)
+    if on_ready is not None:
+        on_ready(host, port)
+    await hypercorn_serve(build_app(settings), config, shutdown_trigger=shutdown_event.wait)
+    log.info("simulator on %s:%d stopped", host, port)
+
+
+def _parse_loras(text: str) -> tuple[tuple[str, str], ...]:
+    loras = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, base = item.partition(":")
+        if not sep or not name or not base:
+            raise argparse.ArgumentTypeError(f"--lora expects name:base[,name:base...], got {item!r}")
+        loras.append((name, base))
+    return tuple(loras)
+
+
+def _parse_args(argv: list[str] | None) -> SimulatorSettings:
+    parser = argparse.ArgumentParser(
+        prog="python -m backends.simulator_openai",
+        description="OpenAI/vLLM API simulator (not a real model) for testing the gateway.")
+    defaults = SimulatorSettings()
+    parser.add_argument("--host", default=defaults.host)
+    parser.add_argument("--port", type=int, default=defaults.port, help="0 picks a free port")
+    parser.add_argument("--models", default=",".join(defaults.models),
+                        help="comma-separated base model names")
+    parser.add_argument("--lora", type=_parse_loras, default=(), help="comma-separated name:base adapters")
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=0.0, help="0 means instant")
+    parser.add_argument("--decode-tokens-per-s", type=float, default=0.0, help="0 means instant")
+    parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
+    parser.add_argument("--kv-cache-tokens", type=int, default=defaults.kv_cache_tokens)
+    parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-level", default="warning",
+                        choices=["debug", "info", "warning", "error", "critical"])
+    args = parser.parse_args(argv)
+    try:
+        return SimulatorSettings(
+            host=args.host, port=args.port,
+            models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+            loras=args.lora, prefill_tokens_per_s=args.prefill_tokens_per_s,
+            decode_tokens_per_s=args.decode_tokens_per_s, max_num_seqs=args.max_num_seqs,
+            kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
+            seed=args.seed, log_level=args.log_level)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+async def _run_until_signalled(settings: SimulatorSettings) -> None:
+    shutdown = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown.set)
+
+    def announce(host: str, port: int) -> None:
+        shown = f"[{host}]" if ":" in host else host
+        print(f"simulator listening on http://{shown}:{port} (OpenAI API simulator, not a real model)",
+              flush=True)
+
+    await serve(settings, shutdown, on_ready=announce)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = _parse_args(argv)
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(_run_until_signalled(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

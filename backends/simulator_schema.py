@@ -1,0 +1,492 @@
+"""Deterministic JSON-Schema instance generator for the OpenAI API simulator.
+
+The simulator answers ``response_format: {"type": "json_schema", ...}`` requests
+with content that validates against the requested schema, the way a real
+structured-output (guided decoding) engine would.  This module produces such a
+value: :func:`instance_for` walks the schema and builds one instance, drawing
+every free choice from a ``random.Random`` seeded by the caller, so the same
+``(schema, seed)`` always yields the same value.
+
+Supported subset (everything else is ignored, which is sound for keywords that
+only *restrict* other types, and best-effort otherwise):
+
+* ``type`` (a name or a list of names; the first is used, except past the
+  recursion limit where a scalar/null member is preferred);
+* ``enum`` / ``const`` (an enum member is picked by the seed);
+* ``object``: ``properties`` (all are emitted), ``required`` (names without a
+  ``properties`` entry are generated from ``additionalProperties`` when it is a
+  schema, else as strings), ``additionalProperties``, ``minProperties`` /
+  ``maxProperties``;
+* ``array``: ``items``, ``prefixItems`` (and the draft-4..7 tuple form
+  ``items: [...]`` with ``additionalItems``), ``minItems`` / ``maxItems``,
+  ``uniqueItems`` (best effort);
+* ``string``: ``enum``, ``const``, ``format`` (date-time, date, time, email,
+  uuid, uri, hostname, ipv4, ipv6), ``minLength`` / ``maxLength``.
+  ``pattern`` is NOT honoured: a plain word string is returned, so a value for
+  a schema with a ``pattern`` may not match it;
+* ``number`` / ``integer``: ``minimum``, ``maximum``, ``exclusiveMinimum``,
+  ``exclusiveMaximum`` (numeric, or the draft-4 boolean form) and
+  ``multipleOf``.  ``number`` values are non-integral where the bounds allow,
+  so ``oneOf: [{"type": "integer"}, {"type": "number"}]`` stays unambiguous;
+* ``boolean``, ``null``;
+* ``anyOf`` / ``oneOf`` (the first option; past the recursion limit the first
+  option without a ``$ref``), ``allOf`` (members merged: object properties and
+  ``required`` are united, numeric/length bounds take the tightest value);
+* ``$ref`` to any JSON pointer inside the document (``#``, ``#/$defs/...``,
+  ``#/definitions/...``, ...); remote references raise ``ValueError``.
+
+A schema without ``type`` (including ``{}`` and ``true``) yields a string: any
+string is valid against keywords that only constrain objects, arrays or
+numbers.  ``false`` has no instance and raises ``ValueError``.
+
+Recursion guard: every nested object/array level and every ``$ref`` hop counts
+as one level of depth.  From depth :data:`RECURSION_LIMIT` (8) on, the generator
+only emits required properties and ``minItems`` array items, and prefers options
+that do not recurse, so a recursive schema such as a tree of nodes terminates.
+A schema that forces unbounded recursion (a required self-reference) has no
+finite instance and raises ``ValueError`` at depth :data:`HARD_DEPTH_LIMIT`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from fractions import Fraction
+from typing import Any
+
+__all__ = ["HARD_DEPTH_LIMIT", "RECURSION_LIMIT", "instance_for"]
+
+RECURSION_LIMIT = 8
+HARD_DEPTH_LIMIT = 64
+
+_WORDS = (
+    "alpha", "bravo", "ledger", "yield", "asset", "equity", "margin", "quote",
+    "signal", "vector", "orbit", "delta", "harbor", "summit", "canvas", "ember",
+)
+_SCALAR_TYPES = ("null", "boolean", "integer", "number", "string")
+_LOWER_BOUND_KEYS = ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties")
+_UPPER_BOUND_KEYS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties")
+
+
+def instance_for(schema: dict | bool, seed: int) -> Any:
+    """Return a deterministic instance of ``schema`` (see the module docstring).
+
+    Raises ``ValueError`` for schemas outside the supported subset that cannot
+    be satisfied (``false``, remote ``$ref``, unbounded required recursion).
+    """
+    return _Generator(schema, seed).generate(schema, 0)
+
+
+class _Generator:
+    def __init__(self, root: dict | bool, seed: int) -> None:
+        self._root = root
+        self._rng = random.Random(seed)
+
+    # -- dispatch -----------------------------------------------------------
+
+    def generate(self, schema: Any, depth: int) -> Any:
+        if depth > HARD_DEPTH_LIMIT:
+            raise ValueError("schema has no finite instance (unbounded required recursion)")
+        if schema is True or schema == {}:
+            return self._string({})
+        if schema is False:
+            raise ValueError("the schema `false` has no valid instance")
+        if not isinstance(schema, dict):
+            raise ValueError(f"a schema must be an object or a boolean, not {type(schema).__name__}")
+
+        if "$ref" in schema:
+            target = self._resolve(schema["$ref"])
+            siblings = {k: v for k, v in schema.items() if k != "$ref"}
+            merged = _merge([target, siblings]) if _has_constraints(siblings) else target
+            return self.generate(merged, depth + 1)
+        if "allOf" in schema:
+            rest = {k: v for k, v in schema.items() if k != "allOf"}
+            members = [self._deref(m) for m in schema["allOf"]]
+            return self.generate(_merge([rest, *members]), depth)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                rest = {k: v for k, v in schema.items() if k != key}
+                option = self._pick_option(schema[key], depth)
+                return self.generate(_merge([rest, self._deref(option)]), depth)
+
+        if "const" in schema:
+            return schema["const"]
+        if "enum" in schema:
+            choices = schema["enum"]
+            if not choices:
+                raise ValueError("an empty `enum` has no valid instance")
+            return choices[self._rng.randrange(len(choices))]
+
+        kind = self._pick_type(schema.get("type"), depth)
+        if kind == "object":
+            return self._object(schema, depth)
+        if kind == "array":
+            return self._array(schema, depth)
+        if kind == "integer":
+            return self._integer(schema)
+        if kind == "number":
+            return self._number(schema)
+        if kind == "boolean":
+            return self._rng.random() < 0.5
+        if kind == "null":
+            return None
+        return self._string(schema)
+
+    def _pick_type(self, declared: Any, depth: int) -> str:
+        if declared is None:
+            return "string"
+        if isinstance(declared, str):
+            return declared
+        types = list(declared)
+        if not types:
+            return "string"
+        if depth >= RECURSION_LIMIT:
+            for name in types:
+                if name in _SCALAR_TYPES:
+                    return name
+        return types[0]
+
+    def _pick_option(self, options: list, depth: int) -> Any:
+        if not options:
+            raise ValueError("an empty `anyOf`/`oneOf` has no valid instance")
+        if depth >= RECURSION_LIMIT:
+            for option in options:
+                if not _mentions_ref(option):
+                    return option
+        return options[0]
+
+    # -- references ----------------------------------------------------------
+
+    def _deref(self, schema: Any) -> Any:
+        """Resolve a bare ``{"$ref": ...}`` (used where members are merged)."""
+        seen = 0
+        while isinstance(schema, dict) and "$ref" in schema and seen < HARD_DEPTH_LIMIT:
+            siblings = {k: v for k, v in schema.items() if k != "$ref"}
+            target = self._resolve(schema["$ref"])
+            schema = _merge([target, siblings]) if _has_constraints(siblings) else target
+            seen += 1
+        return schema
+
+    def _resolve(self, ref: Any) -> Any:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise ValueError(f"only local references are supported, not {ref!r}")
+        node: Any = self._root
+        pointer = ref[1:]
+        if pointer in ("", "/"):
+            return node
+        for raw in pointer.lstrip("/").split("/"):
+            token = raw.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and token in node:
+                node = node[token]
+            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+                node = node[int(token)]
+            else:
+                raise ValueError(f"unresolvable reference {ref!r}")
+        return node
+
+    # -- structured types ----------------------------------------------------
+
+    def _object(self, schema: dict, depth: int) -> dict:
+        properties: dict = schema.get("properties") or {}
+        required = list(dict.fromkeys(schema.get("required") or []))
+        additional = schema.get("additionalProperties", True)
+        limited = depth >= RECURSION_LIMIT
+
+        names = [n for n in properties if n in required] if limited else list(properties)
+        names += [n for n in required if n not in names]
+        min_props = schema.get("minProperties", 0)
+        for name in properties:  # past the limit, optional members only to reach minProperties
+            if len(names) >= min_props:
+                break
+            if name not in names:
+                names.append(name)
+        max_props = schema.get("maxProperties")
+        if max_props is not None and len(names) > max_props:
+            optional = [n for n in names if n not in required]
+            drop = set(optional[: len(names) - max_props])
+            names = [n for n in names if n not in drop]
+
+        result: dict = {}
+        for name in names:
+            sub = properties[name] if name in properties else _extra_schema(additional)
+            result[name] = self.generate(sub, depth + 1)
+
+        extra_index = 0
+        while len(result) < min_props and additional is not False:
+            name = f"extra_{extra_index}"
+            extra_index += 1
+            if name not in result and name not in properties:
+                result[name] = self.generate(_extra_schema(additional), depth + 1)
+        return result
+
+    def _array(self, schema: dict, depth: int) -> list:
+        items = schema.get("items", True)
+        prefix = schema.get("prefixItems")
+        if isinstance(items, list):  # draft 4..7 tuple form
+            prefix, items = items, schema.get("additionalItems", True)
+        prefix = list(prefix or [])
+
+        min_items = schema.get("minItems", 0)
+        max_items = schema.get("maxItems")
+        if depth >= RECURSION_LIMIT:
+            count = min_items
+        else:
+            count = max(min_items, len(prefix), 2)
+        if items is False:
+            count = min(count, len(prefix))
+        if max_items is not None:
+            count = min(count, max_items)
+        count = max(count, 0)
+
+        def item_schema(index: int) -> Any:
+            return prefix[index] if index < len(prefix) else items
+
+        if not schema.get("uniqueItems"):
+            return [self.generate(item_schema(i), depth + 1) for i in range(count)]
+
+        result: list = []
+        for index in range(count):
+            for _attempt in range(16):
+                value = self.generate(item_schema(index), depth + 1)
+                if not any(_json_equal(value, other) for other in result):
+                    result.append(value)
+                    break
+            else:
+                if len(result) >= min_items:
+                    break  # cannot find a distinct value; stop at a valid length
+                result.append(value)
+        return result
+
+    # -- scalars -------------------------------------------------------------
+
+    def _string(self, schema: dict) -> str:
+        min_len = schema.get("minLength", 0)
+        max_len = schema.get("maxLength")
+        formatted = self._formatted(schema.get("format"))
+        if formatted is not None and len(formatted) >= min_len and (
+            max_len is None or len(formatted) <= max_len
+        ):
+            return formatted
+
+        word_count = 1 + self._rng.randrange(3)
+        text = " ".join(_WORDS[self._rng.randrange(len(_WORDS))] for _ in range(word_count))
+        while len(text) < min_len:
+            text += " " + _WORDS[self._rng.randrange(len(_WORDS))]
+        if max_len is not None:
+            text = text[:max_len].rstrip() if max_len >= min_len else text[:max_len]
+        if len(text) < min_len:  # rstrip removed too much
+            text = text.ljust(min_len, "x")
+        return text
+
+    def _formatted(self, fmt: Any) -> str | None:
+        rng = self._rng
+        if fmt == "date-time":
+            return (
+                f"2024-{1 + rng.randrange(12):02d}-{1 + rng.randrange(28):02d}"
+                f"T{rng.randrange(24):02d}:{rng.randrange(60):02d}:{rng.randrange(60):02d}Z"
+            )
+        if fmt == "date":
+            return f"2024-{1 + rng.randrange(12):02d}-{1 + rng.randrange(28):02d}"
+        if fmt == "time":
+            return f"{rng.randrange(24):02d}:{rng.randrange(60):02d}:{rng.randrange(60):02d}Z"
+        if fmt == "email":
+            return f"{_WORDS[rng.randrange(len(_WORDS))]}{rng.randrange(1000)}@example.com"
+        if fmt == "uuid":
+            return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        if fmt in ("uri", "url", "iri"):
+            return f"https://example.com/{_WORDS[rng.randrange(len(_WORDS))]}/{rng.randrange(1000)}"
+        if fmt == "hostname":
+            return f"{_WORDS[rng.randrange(len(_WORDS))]}.example.com"
+        if fmt == "ipv4":
+            return f"10.{rng.randrange(256)}.{rng.randrange(256)}.{1 + rng.randrange(254)}"
+        if fmt == "ipv6":
+            return f"fd00::{rng.randrange(0x10000):x}:{1 + rng.randrange(0xFFFF):x}"
+        return None
+
+    def _integer(self, schema: dict) -> int:
+        low, high = _integer_bounds(schema)
+        multiple = schema.get("multipleOf")
+        step = 1
+        if multiple is not None and multiple > 0:
+            step = Fraction(str(multiple)).numerator  # lcm(multipleOf, 1)
+        k_low = math.ceil(Fraction(low, step)) if low is not None else None
+        k_high = math.floor(Fraction(high, step)) if high is not None else None
+        return step * self._pick_int(k_low, k_high)
+
+    def _number(self, schema: dict) -> float | int:
+        multiple = schema.get("multipleOf")
+        if multiple is not None and multiple > 0:
+            return self._number_multiple(schema, multiple)
+
+        low, low_excl = _bound(schema, "minimum", "exclusiveMinimum", max)
+        high, high_excl = _bound(schema, "maximum", "exclusiveMaximum", min)
+        if low is None and high is None:
+            value = round(self._rng.uniform(0, 100), 2)
+            return value + 0.5 if value == int(value) else value
+        if low is None:
+            low = high - 100
+        if high is None:
+            high = low + 100
+        if low == high:
+            return low  # only valid when both bounds are inclusive
+        for _ in range(8):
+            value = round(self._rng.uniform(low, high), 2)
+            if value == int(value):
+                value += 0.25 if value + 0.25 < high else -0.25
+            if (value > low or (value == low and not low_excl)) and (
+                value < high or (value == high and not high_excl)
+            ):
+                return value
+        return (low + high) / 2
+
+    def _number_multiple(self, schema: dict, multiple: float | int) -> float | int:
+        low, low_excl = _bound(schema, "minimum", "exclusiveMinimum", max)
+        high, high_excl = _bound(schema, "maximum", "exclusiveMaximum", min)
+        exact = Fraction(str(multiple))
+        k_low = None if low is None else _first_k(Fraction(str(low)), exact, low_excl)
+        k_high = None if high is None else _last_k(Fraction(str(high)), exact, high_excl)
+        k = self._pick_int(k_low, k_high)
+        # Prefer a k whose float product divides back exactly (validators check
+        # ``instance / multipleOf`` in floating point).
+        candidates = [k] + [k + d for d in range(1, 64)] + [k - d for d in range(1, 64)]
+        for candidate in candidates:
+            if (k_low is not None and candidate < k_low) or (k_high is not None and candidate > k_high):
+                continue
+            value = float(candidate * exact) if isinstance(multiple, float) else candidate * multiple
+            quotient = value / multiple
+            if quotient == int(quotient):
+                return value
+        return float(k * exact)
+
+    def _pick_int(self, low: int | None, high: int | None) -> int:
+        if low is None and high is None:
+            return self._rng.randrange(1, 100)
+        if low is None:
+            low = high - 100
+        if high is None:
+            high = low + 100
+        if high < low:
+            return low  # unsatisfiable bounds: best effort
+        return self._rng.randint(low, high)
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def _extra_schema(additional: Any) -> Any:
+    return additional if isinstance(additional, dict) else {}
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def _mentions_ref(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return "$ref" in schema or any(_mentions_ref(v) for v in schema.values())
+    if isinstance(schema, list):
+        return any(_mentions_ref(v) for v in schema)
+    return False
+
+
+def _has_constraints(schema: dict) -> bool:
+    ignored = {"$defs", "definitions", "$schema", "$id", "title", "description", "$comment", "examples", "default"}
+    return any(k not in ignored for k in schema)
+
+
+def _merge(schemas: list[Any]) -> dict:
+    """Merge ``allOf`` members into one schema (object members are united)."""
+    merged: dict = {}
+    for schema in schemas:
+        if schema is True or schema is None:
+            continue
+        if schema is False:
+            raise ValueError("an `allOf` containing `false` has no valid instance")
+        for key, value in schema.items():
+            if key not in merged:
+                merged[key] = value
+            elif key == "properties":
+                props = dict(merged[key])
+                for name, sub in value.items():
+                    props[name] = {"allOf": [props[name], sub]} if name in props else sub
+                merged[key] = props
+            elif key == "required":
+                merged[key] = list(dict.fromkeys([*merged[key], *value]))
+            elif key in _LOWER_BOUND_KEYS and _both_numeric(merged[key], value):
+                merged[key] = max(merged[key], value)
+            elif key in _UPPER_BOUND_KEYS and _both_numeric(merged[key], value):
+                merged[key] = min(merged[key], value)
+            elif key == "type":
+                merged[key] = _intersect_types(merged[key], value)
+            elif key == "additionalProperties" and value is False:
+                merged[key] = False
+            elif key == "allOf":
+                merged[key] = [*merged[key], *value]
+            elif key in ("anyOf", "oneOf"):
+                # A and anyOf(B) distributes over the options already present.
+                merged[key] = [{"allOf": [option, {key: value}]} for option in merged[key]]
+            elif key == "enum":
+                merged[key] = [v for v in merged[key] if any(_json_equal(v, w) for w in value)]
+            else:
+                merged[key] = value
+    return merged
+
+
+def _both_numeric(a: Any, b: Any) -> bool:
+    return all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+
+
+def _intersect_types(a: Any, b: Any) -> Any:
+    left = [a] if isinstance(a, str) else list(a)
+    right = [b] if isinstance(b, str) else list(b)
+    common = [t for t in left if t in right]
+    if not common and "number" in left and "integer" in right:
+        common = ["integer"]
+    if not common and "integer" in left and "number" in right:
+        common = ["integer"]
+    return common[0] if len(common) == 1 else (common or right)
+
+
+def _bound(schema: dict, inclusive_key: str, exclusive_key: str, tighter) -> tuple[Any, bool]:
+    """Return ``(value, exclusive)`` for one side, draft-4 and draft-6+ forms."""
+    inclusive = schema.get(inclusive_key)
+    exclusive = schema.get(exclusive_key)
+    if isinstance(exclusive, bool):  # draft 4: a flag on the inclusive key
+        return inclusive, bool(exclusive) and inclusive is not None
+    if inclusive is None and exclusive is None:
+        return None, False
+    if exclusive is None:
+        return inclusive, False
+    if inclusive is None:
+        return exclusive, True
+    value = tighter(inclusive, exclusive)
+    return value, value == exclusive
+
+
+def _integer_bounds(schema: dict) -> tuple[int | None, int | None]:
+    low, low_excl = _bound(schema, "minimum", "exclusiveMinimum", max)
+    high, high_excl = _bound(schema, "maximum", "exclusiveMaximum", min)
+    int_low = None
+    if low is not None:
+        int_low = math.floor(low) + 1 if low_excl else math.ceil(low)
+    int_high = None
+    if high is not None:
+        int_high = math.ceil(high) - 1 if high_excl else math.floor(high)
+    return int_low, int_high
+
+
+def _first_k(low: Fraction, step: Fraction, exclusive: bool) -> int:
+    k = math.ceil(low / step)
+    if exclusive and k * step == low:
+        k += 1
+    return k
+
+
+def _last_k(high: Fraction, step: Fraction, exclusive: bool) -> int:
+    k = math.floor(high / step)
+    if exclusive and k * step == high:
+        k -= 1
+    return k

@@ -1,0 +1,254 @@
+"""Turn a schema-valid `AdapterGateway` into a runtime `Snapshot`: defaults, references, templates.
+
+What: resolves route targets (declared backend names, or `host:port` which defines an implicit
+backend named after the host), applies documented defaults (model from `modelRef`, protocol from
+`spec.protocol`, health path per backend kind), compiles request/response templates, derives the
+JSON Schema asked of the model from the transform's paths, builds each route's stage pipeline,
+and checks cross-references (duplicates, dangling targets, port clashes). All problems are
+collected and raised together as one `ConfigError`.
+Why: everything that can be wrong is found at load time, never on a request.
+Cost: milliseconds; once per load.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from backends import adapter_kinds
+from extproc.config.loader import ConfigError, Issue
+from extproc.config.schema import AdapterGateway, RouteSpec, split_host_port
+from extproc.config.snapshot import HEALTH_PATH, HEALTH_ROUTE, Backend, Route, Snapshot
+from extproc.config.yamlsource import SourceMap, format_path
+from extproc.template import WILDCARD, TemplateError, compile_template
+
+
+def model_name(model_ref: str | None) -> str | None:
+    """`"qwen2.5-finance@registry.internal"` -> `"qwen2.5-finance"` (the registry is provenance)."""
+    if not model_ref:
+        return None
+    return model_ref.split("@", 1)[0] or None
+
+
+def route_name_from_path(path: str) -> str:
+    name = "".join(c if c.isalnum() else "-" for c in path.strip("/").lower())
+    name = "-".join(p for p in name.split("-") if p)
+    return name[:63].strip("-") or "root"
+
+
+def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, digest: str = "") -> Snapshot:
+    from extproc.stages import build_pipeline
+
+    issues = _Issues(smap)
+    issue = issues.add
+    spec = gw.spec
+    kinds = adapter_kinds()
+
+    backends: dict[str, Backend] = {}
+    for i, b in enumerate(spec.backends):
+        if b.name in backends:
+            issue(("spec", "backends", i, "name"), f"duplicate backend name {b.name!r}")
+            continue
+        adapter = kinds[b.kind]()
+        backends[b.name] = Backend(
+            name=b.name, kind=b.kind, protocol=b.protocol or spec.protocol,
+            endpoints=tuple(split_host_port(e) for e in b.endpoints), models=b.models,
+            health_path=b.health_path or adapter.default_health_path, timeout=b.timeout,
+            implicit=False, adapter=adapter,
+        )
+
+    default_model = model_name(spec.model_ref)
+    routes: dict[str, Route] = {}
+    paths: dict[str, int] = {}
+    for i, r in enumerate(spec.routes):
+        base = ("spec", "routes", i)
+        name = r.name or route_name_from_path(r.path)
+        if name in routes or name == HEALTH_ROUTE:
+            issue(base + ("name",), f"duplicate route name {name!r} (set a distinct `name`)")
+            continue
+        if r.path in paths or r.path == HEALTH_PATH:
+            other = f"routes[{paths[r.path]}]" if r.path in paths else "the built-in health route"
+            issue(base + ("path",), f"path {r.path!r} is already used by {other}")
+            continue
+        paths[r.path] = i
+        kind = r.kind or ("llm" if (r.request or r.transform) else "passthrough")
+        backend = _resolve_target(r, i, backends, spec.protocol, kinds, issue)
+        if backend is None:
+            continue
+        if kind == "passthrough" and (r.request or r.transform or r.output_schema):
+            issue(base + ("kind",), "a passthrough route forwards bodies as they are: request, transform and "
+                  "outputSchema need kind: llm")
+            continue
+        model = r.model or default_model or (backend.models[0] if backend.models else None)
+        if kind == "llm" and model is None:
+            issue(base + ("model",), "an llm route needs a model: set route.model, spec.modelRef or the backend's models")
+            continue
+        request = _compile(r.request, base + ("request",), issues)
+        transform = _compile(r.transform, base + ("transform",), issues)
+        if (r.request and request is None) or (r.transform and transform is None):
+            continue
+        schema = r.output_schema
+        if schema is not None and schema.get("type", "object") != "object":
+            issue(base + ("outputSchema",), "must be a JSON Schema of type object")
+            continue
+        if schema is None and transform is not None:
+            schema = derive_output_schema(transform)
+        route = Route(
+            name=name, path=r.path, kind=kind, backend=backend, model=model, request=request,
+            transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,
+            max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout,
+        )
+        routes[name] = _with_pipeline(route, build_pipeline, base, issue)
+
+    health = Route(
+        name=HEALTH_ROUTE, path=HEALTH_PATH, kind="health", backend=None, model=None, request=None,
+        transform=None, response_schema=None, failure_mode="closed", max_body_bytes=4096, timeout=5.0,
+    )
+    routes[HEALTH_ROUTE] = _with_pipeline(health, build_pipeline, ("spec",), issue)
+
+    tenant_ids: set[str] = set()
+    for i, t in enumerate(spec.tenants):
+        if t.id in tenant_ids:
+            issue(("spec", "tenants", i, "id"), f"duplicate tenant id {t.id!r}")
+        tenant_ids.add(t.id)
+
+    _check_ports(gw, issue)
+    if issues.found:
+        raise ConfigError(issues.found)
+    return Snapshot(
+        generation=generation, digest=digest, source=smap.filename, spec=gw, model_ref=spec.model_ref,
+        listener=spec.listener, admin=spec.admin, processor=spec.processor, backends=backends,
+        routes=routes, tenants=spec.tenants,
+    )
+
+
+def _with_pipeline(route: Route, build_pipeline: Any, path: tuple, issue: Any) -> Route:
+    from dataclasses import replace
+
+    try:
+        return replace(route, pipeline=build_pipeline(route))
+    except ValueError as e:  # PipelineError: a malformed stage
+        issue(path, str(e))
+        return route
+
+
+def _resolve_target(r: RouteSpec, i: int, backends: dict[str, Backend], protocol: str, kinds: Any, issue: Any):
+    path = ("spec", "routes", i, "target")
+    target = r.target
+    if target is None:
+        declared = [b for b in backends.values() if not b.implicit]
+        if len(declared) == 1:
+            return declared[0]
+        issue(path, "required when spec.backends does not declare exactly one backend")
+        return None
+    if target in backends:
+        return backends[target]
+    try:
+        host, port = split_host_port(target)
+    except ValueError:
+        names = ", ".join(sorted(backends)) or "none declared"
+        issue(path, f"{target!r} is neither a declared backend ({names}) nor host:port")
+        return None
+    name = route_name_from_path(host.replace(".", "-"))
+    existing = backends.get(name)
+    if existing is not None:
+        if existing.implicit and existing.endpoints == ((host, port),):
+            return existing
+        issue(path, f"target {target!r} would define implicit backend {name!r}, which already exists with "
+              "other endpoints; refer to the backend by name instead")
+        return None
+    adapter = kinds["openai"]()
+    backend = Backend(
+        name=name, kind="openai", protocol=protocol, endpoints=((host, port),), models=(),
+        health_path=adapter.default_health_path, timeout=r.policy.timeout, implicit=True, adapter=adapter,
+    )
+    backends[name] = backend
+    return backend
+
+
+def _compile(text: str | None, path: tuple, issues: "_Issues"):
+    if text is None:
+        return None
+    try:
+        return compile_template(text)
+    except TemplateError as e:
+        first = issues.smap.content_lines.get(path)
+        where = f"{issues.smap.filename}:{first + e.line - 1}" if first else issues.smap.where(path)
+        issues.found.append(Issue(where, format_path(path), f"template error at line {e.line}, column {e.column}: {e.message}"))
+        return None
+
+
+class _Issues:
+    """Collects every problem so one load reports them all."""
+
+    def __init__(self, smap: SourceMap):
+        self.smap = smap
+        self.found: list[Issue] = []
+
+    def add(self, path: tuple, reason: str) -> None:
+        self.found.append(Issue(self.smap.where(path), format_path(path), reason))
+
+
+def derive_output_schema(transform: Any) -> dict[str, Any] | None:
+    """JSON Schema for `$.output...` paths the transform reads, so the model is asked for them.
+
+    Leaves are untyped (`{}`); declare `outputSchema` on the route for typed fields. Paths with a
+    default are optional, the others required.
+    """
+    root: dict[str, Any] = {}
+    required_any = False
+    for ref in transform.paths:
+        steps = ref.steps
+        if not steps or steps[0] != "output" or len(steps) < 2:
+            continue
+        required_any = True
+        node = root
+        for j, step in enumerate(steps[1:]):
+            last = j == len(steps) - 2
+            if isinstance(step, str):
+                node.setdefault("type", "object")
+                props = node.setdefault("properties", {})
+                if not ref.has_default:
+                    req = node.setdefault("required", [])
+                    if step not in req:
+                        req.append(step)
+                node = props.setdefault(step, {})
+            else:  # index or wildcard
+                node.setdefault("type", "array")
+                node = node.setdefault("items", {})
+            if last:
+                break
+    if not required_any:
+        return None
+    _close_objects(root)
+    return root
+
+
+def _close_objects(node: dict[str, Any]) -> None:
+    if node.get("type") == "object":
+        node["additionalProperties"] = False
+        for child in node.get("properties", {}).values():
+            _close_objects(child)
+    elif node.get("type") == "array":
+        _close_objects(node.get("items", {}))
+
+
+def _check_ports(gw: AdapterGateway, issue: Any) -> None:
+    spec = gw.spec
+    workers = spec.processor.workers or os.cpu_count() or 1
+    used = {
+        ("spec", "listener", "port"): {spec.listener.port},
+        ("spec", "admin", "port"): {spec.admin.port},
+        ("spec", "processor", "adminPort"): {spec.processor.admin_port},
+        ("spec", "processor", "basePort"): set(range(spec.processor.base_port, spec.processor.base_port + workers)),
+    }
+    seen: dict[int, tuple] = {}
+    for path, ports in used.items():
+        for p in sorted(ports):
+            if p in seen:
+                issue(path, f"port {p} is also used by {format_path(seen[p])}")
+                break
+            seen[p] = path
+
+
+__all__ = ["compile_snapshot", "derive_output_schema", "model_name", "WILDCARD"]

@@ -1,0 +1,191 @@
+"""The `AdapterGateway` config schema (apiVersion adapter.ai/v1): typed, strict, immutable.
+
+What: pydantic models for the declarative YAML operators write. Unknown fields are refused
+(`extra="forbid"`), every model is frozen, lists become tuples. Defaults for everything the brief's
+minimal example leaves out are declared here, next to the field, and documented in
+`docs/config.md`.
+Why: one place states what a valid config is; the loader adds file/line and cross-reference checks,
+and `compile.py` turns the validated tree into the runtime snapshot.
+Cost: validation runs once per load or reload, never per request.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_SIZE = re.compile(r"^\s*(\d+)\s*(|k|K|Ki|KiB|kB|KB|M|Mi|MiB|MB)\s*$")
+_SIZE_UNITS = {"": 1, "k": 1000, "K": 1000, "kB": 1000, "KB": 1000, "Ki": 1024, "KiB": 1024,
+               "M": 1000**2, "MB": 1000**2, "Mi": 1024**2, "MiB": 1024**2}
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+def parse_duration(value: Any) -> float:
+    """`"500ms"`, `"1.5s"`, `"2m"`, `"1h"` or a number of seconds, to seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as '500ms', '2s' or '1m'")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise ValueError(f"invalid duration {value!r}: expected a number with ms, s, m or h, e.g. '500ms'")
+        seconds = float(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, None: 1}[m.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+def parse_size(value: Any) -> int:
+    """`65536`, `"64Ki"`, `"1MiB"`, `"10MB"` to bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 65536, '64Ki' or '1Mi'")
+    if isinstance(value, int):
+        n = value
+    else:
+        m = _SIZE.match(str(value))
+        if not m:
+            raise ValueError(f"invalid size {value!r}: expected bytes or a number with Ki, Mi, k or M")
+        n = int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    if n <= 0:
+        raise ValueError(f"size must be positive, got {value!r}")
+    return n
+
+
+def parse_cpu(value: Any) -> float:
+    """CPUs as a number (`0.5`) or millicores (`"500m"`), to CPUs."""
+    if isinstance(value, bool):
+        raise ValueError("expected CPUs (0.5) or millicores ('500m')")
+    if isinstance(value, (int, float)):
+        cpus = float(value)
+    else:
+        s = str(value).strip()
+        try:
+            cpus = float(s[:-1]) / 1000 if s.endswith("m") else float(s)
+        except ValueError:
+            raise ValueError(f"invalid CPU quantity {value!r}: expected CPUs (0.5) or millicores ('500m')") from None
+    if not 0 < cpus <= 1024:
+        raise ValueError(f"CPU limit must be > 0 and <= 1024 CPUs, got {value!r}")
+    return cpus
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+Cpu = Annotated[float, BeforeValidator(parse_cpu)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True,
+        str_strip_whitespace=False,
+    )
+
+
+class Metadata(_Model):
+    name: Annotated[str, Field(min_length=1, max_length=253)]
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ListenerSpec(_Model):
+    """Where Envoy accepts client traffic."""
+    address: str = "127.0.0.1"
+    port: Port = 8080
+
+
+class AdminSpec(_Model):
+    """Envoy's admin interface (stats, readiness)."""
+    address: str = "127.0.0.1"
+    port: Port = 9901
+
+
+class ProcessorSpec(_Model):
+    """The ext_proc processor: N worker processes, each its own Envoy endpoint."""
+    address: str = "127.0.0.1"
+    base_port: Port = 50051
+    workers: Annotated[int, Field(ge=1, le=64)] | None = None  # None: CPU count
+    admin_port: Port = 9902  # Prometheus /metrics and /healthz of the processor
+    message_timeout: Duration = 1.0  # Envoy waits this long for each processor reply
+    shutdown_grace: Duration = 5.0  # drain time after NOT_SERVING before streams are cancelled
+
+
+class BackendSpec(_Model):
+    """A model server reachable through Envoy. `kind` names the wire API, `protocol` the transport."""
+    name: Annotated[str, Field(pattern=DNS_LABEL)]
+    kind: Literal["openai"] = "openai"
+    protocol: Literal["http", "grpc"] | None = None  # default: spec.protocol
+    endpoints: Annotated[tuple[str, ...], Field(min_length=1)]
+    models: tuple[str, ...] = ()
+    health_path: str | None = None  # default per kind (openai: /health)
+    timeout: Duration = 60.0
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for ep in v:
+            split_host_port(ep)
+        return v
+
+
+class RoutePolicy(_Model):
+    """Per-route policy: what happens on failure and how much a request may carry."""
+    failure_mode: Literal["closed", "open"] = "closed"  # processor down: closed -> 503, open -> pass through
+    max_body_bytes: Size = 1024 * 1024  # larger request bodies get 413
+    timeout: Duration = 60.0  # upstream request timeout (Envoy route timeout)
+
+
+class RouteSpec(_Model):
+    """One client-facing path. `kind: llm` adapts JSON in and out; `passthrough` forwards as is."""
+    path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")]
+    name: Annotated[str, Field(pattern=DNS_LABEL)] | None = None  # default: derived from path
+    kind: Literal["llm", "passthrough"] | None = None  # default: llm when request/transform given
+    target: str | None = None  # backend name, or host:port (an implicit backend); default: the only backend
+    model: str | None = None  # default: spec.modelRef
+    request: str | None = None  # template: client JSON -> backend request body
+    transform: str | None = None  # template: backend output document -> client response
+    output_schema: dict[str, Any] | None = None  # JSON Schema asked of the model; default: derived from transform
+    policy: RoutePolicy = RoutePolicy()
+
+
+class TenantCpu(_Model):
+    limit: Cpu
+    burst: Annotated[float, Field(ge=0, le=10)] = 0.0  # extra share of limit tolerated before 429
+
+
+class TenantSpec(_Model):
+    id: Annotated[str, Field(pattern=DNS_LABEL)]
+    cpu: TenantCpu | None = None
+
+
+class GatewaySpec(_Model):
+    model_ref: str | None = None  # "name[@registry]": default model for llm routes
+    protocol: Literal["http", "grpc"] = "http"  # default backend transport
+    listener: ListenerSpec = ListenerSpec()
+    admin: AdminSpec = AdminSpec()
+    processor: ProcessorSpec = ProcessorSpec()
+    backends: tuple[BackendSpec, ...] = ()
+    routes: Annotated[tuple[RouteSpec, ...], Field(min_length=1)]
+    tenants: tuple[TenantSpec, ...] = ()
+
+
+class AdapterGateway(_Model):
+    api_version: Literal["adapter.ai/v1"]
+    kind: Literal["AdapterGateway"]
+    metadata: Metadata
+    spec: GatewaySpec
+
+
+def split_host_port(endpoint: str) -> tuple[str, int]:
+    """`"10.0.0.7:8000"`, `"finance-backend:8080"`, `"[::1]:80"` to (host, port); ValueError otherwise."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"endpoint {endpoint!r} must be host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not re.match(r"^[A-Za-z0-9.\-:]+$", host):
+        raise ValueError(f"endpoint {endpoint!r} has an invalid host")
+    return host, int(port)

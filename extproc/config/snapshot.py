@@ -1,0 +1,90 @@
+"""The runtime config snapshot: validated, compiled, immutable, swapped atomically on reload.
+
+What: `Snapshot` holds resolved backends (implicit ones from `host:port` targets included),
+routes with compiled templates and their stage pipeline, and the listener/processor settings.
+Why: the request path reads only this object, captured once per stream; a reload builds a complete
+new snapshot off to the side and replaces one reference, so no request ever sees half a config.
+Cost: built once per load; reading it is attribute access.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from extproc.config.schema import AdapterGateway, AdminSpec, ListenerSpec, ProcessorSpec, TenantSpec
+
+HEALTH_ROUTE = "adapter-health"
+HEALTH_PATH = "/health/adapter"
+BACKEND_HEADER = "x-adapter-backend"  # set by the processor; Envoy routes on it
+ROUTE_TARGET_HEADER = "x-adapter-route-target"  # set with it: which route entry carries the policy
+ROUTE_METADATA_KEY = "x-adapter-route"  # gRPC initial metadata: which route a stream serves
+DEBUG_METADATA_KEY = "x-adapter-debug"
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    name: str
+    kind: str
+    protocol: str  # "http" (HTTP/1.1) or "grpc" (HTTP/2, the transport gRPC runs on)
+    endpoints: tuple[tuple[str, int], ...]
+    models: tuple[str, ...]
+    health_path: str
+    timeout: float
+    implicit: bool  # created from a route's host:port target
+    adapter: Any  # backends.base.BackendAdapter
+
+    @property
+    def cluster(self) -> str:
+        """Envoy cluster name: the backend name (DNS labels cannot collide with `adapter_*`)."""
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    name: str
+    path: str
+    kind: str  # "llm" | "passthrough" | "health"
+    backend: Backend | None
+    model: str | None
+    request: Any  # extproc.template.Template | None
+    transform: Any  # extproc.template.Template | None
+    response_schema: Mapping[str, Any] | None
+    failure_mode: str
+    max_body_bytes: int
+    timeout: float
+    pipeline: Any = None  # extproc.pipeline.Pipeline
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    generation: int
+    digest: str
+    source: str
+    spec: AdapterGateway
+    model_ref: str | None
+    listener: ListenerSpec
+    admin: AdminSpec
+    processor: ProcessorSpec
+    backends: Mapping[str, Backend]
+    routes: Mapping[str, Route]  # by name, in config order; the health route last
+    tenants: tuple[TenantSpec, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backends", MappingProxyType(dict(self.backends)))
+        object.__setattr__(self, "routes", MappingProxyType(dict(self.routes)))
+
+    @property
+    def name(self) -> str:
+        return self.spec.metadata.name
+
+    def with_endpoints(self, overrides: Mapping[str, tuple[tuple[str, int], ...]]) -> "Snapshot":
+        """A copy whose named backends use other endpoints (the demo stack points them at simulators)."""
+        from dataclasses import replace
+
+        backends = {n: replace(b, endpoints=overrides.get(n, b.endpoints)) for n, b in self.backends.items()}
+        routes = {
+            n: replace(r, backend=backends[r.backend.name] if r.backend else None) for n, r in self.routes.items()
+        }
+        return replace(self, backends=backends, routes=routes)

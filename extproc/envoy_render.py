@@ -1,0 +1,266 @@
+"""Generate the Envoy 1.40 bootstrap for an AdapterGateway snapshot (`adapterctl render-envoy`).
+
+What the generated config does:
+- one listener with the ext_proc filter and the router; processing is OFF at filter level and each
+  route turns on exactly the phases its stage pipeline handles (`Pipeline.phases`, see
+  `processing_mode`): a passthrough route sends only its request headers (one round trip), an llm
+  route its buffered bodies with their headers (four), unknown paths none at all;
+- the route's name travels to the processor as gRPC initial metadata (`x-adapter-route`), with the
+  request id and the client's `x-adapter-debug` header, so the processor never re-matches paths;
+- the processor picks the backend by setting `x-adapter-backend` and `x-adapter-route-target`
+  with `clear_route_cache`; Envoy then matches one generated entry per (route, backend), which
+  carries that route's timeout and ext_proc settings. Clients cannot pre-set these headers: an
+  early header mutation removes them before route matching, and they are removed before the
+  request goes upstream;
+- the processor cluster lists every worker as its own endpoint (LEAST_REQUEST, gRPC health
+  checks, circuit breakers raised from the default 1024 concurrent streams), one cluster per
+  backend (HTTP/1.1 for `protocol: http`, HTTP/2 for `grpc`);
+- `failureMode: closed` answers 503 when the processor is unreachable; `open` passes the request
+  through to the route's backend unchanged;
+- Envoy's own error replies (404 unknown route, 413 body too large, 503 backend down, 504) are
+  JSON naming the reason and the backend; the processor's JSON errors pass through unchanged.
+Cost: pure function of the snapshot; runs at start-up only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import yaml
+
+from extproc.config.snapshot import (BACKEND_HEADER, DEBUG_METADATA_KEY, HEALTH_ROUTE, ROUTE_METADATA_KEY,
+                                     ROUTE_TARGET_HEADER, Backend, Route, Snapshot)
+from extproc.types import Phase
+
+PROCESSOR_CLUSTER = "adapter_processor"
+EXT_PROC = "envoy.filters.http.ext_proc"
+_T = "type.googleapis.com/"
+
+
+def _addr(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3f}s"
+
+
+def processing_mode(route: Route) -> dict[str, str]:
+    """Exactly the phases the route's pipeline handles, plus the headers of any buffered body.
+
+    Envoy releases headers to the router (request) or the client (response) as soon as a SKIPped
+    header phase passes, so a buffered body's reply could no longer change them: re-routing,
+    `:path`, content-type, or an error status. A buffered body therefore always brings its headers.
+    """
+    phases = route.pipeline.phases if route.pipeline is not None else frozenset()
+    return {
+        "request_header_mode": "SEND" if phases & {Phase.REQUEST_HEADERS, Phase.REQUEST_BODY} else "SKIP",
+        "response_header_mode": "SEND" if phases & {Phase.RESPONSE_HEADERS, Phase.RESPONSE_BODY} else "SKIP",
+        "request_body_mode": "BUFFERED" if Phase.REQUEST_BODY in phases else "NONE",
+        "response_body_mode": "BUFFERED" if Phase.RESPONSE_BODY in phases else "NONE",
+    }
+
+
+def _ext_proc_per_route(route: Route) -> dict[str, Any]:
+    return {
+        EXT_PROC: {
+            "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+            "overrides": {
+                "processing_mode": processing_mode(route),
+                "failure_mode_allow": route.failure_mode == "open",
+                "grpc_initial_metadata": [
+                    {"key": ROUTE_METADATA_KEY, "value": route.name},
+                    {"key": "x-request-id", "value": "%REQ(x-request-id)%"},
+                    {"key": DEBUG_METADATA_KEY, "value": "%REQ(x-adapter-debug)%"},
+                ],
+            },
+        }
+    }
+
+
+def _backend_route(route: Route, backend: Backend) -> dict[str, Any]:
+    return {
+        "name": f"{route.name}--{backend.name}",
+        "match": {"prefix": "/", "headers": [
+            {"name": ROUTE_TARGET_HEADER, "string_match": {"exact": route.name}},
+            {"name": BACKEND_HEADER, "string_match": {"exact": backend.name}},
+        ]},
+        "route": {"cluster": backend.cluster, "timeout": _duration(route.timeout)},
+        "request_headers_to_remove": [BACKEND_HEADER, ROUTE_TARGET_HEADER],
+        "typed_per_filter_config": _ext_proc_per_route(route),
+    }
+
+
+def _client_route(route: Route) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": route.name,
+        "match": {"path": route.path},
+        "typed_per_filter_config": _ext_proc_per_route(route),
+        "request_body_buffer_limit": route.max_body_bytes,
+    }
+    if route.backend is None:  # answered by the processor; reached only if it is down
+        entry["direct_response"] = {"status": 503, "body": {"inline_string": "the processor did not answer"}}
+    else:  # failure_mode open lands here unchanged when the processor is down
+        entry["route"] = {"cluster": route.backend.cluster, "timeout": _duration(route.timeout)}
+    return entry
+
+
+def _local_reply_config() -> dict[str, Any]:
+    """JSON bodies for Envoy's own error replies; the processor's replies (marked by dynamic
+    metadata `adapter.processor_reply`) and the 404 catch-all keep their own JSON."""
+    error = {
+        "status": "%RESPONSE_CODE%",
+        "code": "%RESPONSE_CODE_DETAILS%",
+        "message": "%LOCAL_REPLY_BODY%",
+        "backend": "%UPSTREAM_CLUSTER%",
+        "route": "%ROUTE_NAME%",
+        "request_id": "%REQ(X-REQUEST-ID)%",
+    }
+    return {
+        "mappers": [{
+            "filter": {"metadata_filter": {"matcher": {
+                "filter": "adapter", "path": [{"key": "processor_reply"}], "value": {"bool_match": True}},
+                "match_if_key_not_found": False}},
+            "body_format_override": {"text_format_source": {"inline_string": "%LOCAL_REPLY_BODY%"},
+                                     "content_type": "application/json"},
+        }, {
+            "filter": {"status_code_filter": {"comparison": {"op": "EQ", "value": {
+                "default_value": 404, "runtime_key": "adapter.local_reply.not_found"}}}},
+            "body_format_override": {"json_format": {"error": {
+                "status": 404, "code": "route_not_found", "message": "no route for %REQ(:PATH)%",
+                "request_id": "%REQ(X-REQUEST-ID)%"}}},
+        }],
+        "body_format": {"json_format": {"error": error}},
+    }
+
+
+def _processor_cluster(snap: Snapshot, workers: int, address: str, base_port: int) -> dict[str, Any]:
+    return {
+        "name": PROCESSOR_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "LEAST_REQUEST",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {"connection_keepalive": {
+                    "interval": "30s", "timeout": "5s"}}},
+            }
+        },
+        # One gRPC stream per in-flight HTTP request: the default 1024 would cap concurrency.
+        "circuit_breakers": {"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000,
+                                             "max_requests": 100000, "max_retries": 3}]},
+        "health_checks": [{
+            "timeout": "1s", "interval": "1s", "no_traffic_interval": "1s",
+            "unhealthy_threshold": 1, "healthy_threshold": 1,
+            "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"},
+        }],
+        "load_assignment": {"cluster_name": PROCESSOR_CLUSTER, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": _addr(address, base_port + i)}} for i in range(workers)]}]},
+    }
+
+
+def _backend_cluster(b: Backend) -> dict[str, Any]:
+    is_ip = all(_is_ip(h) for h, _ in b.endpoints)
+    protocol = {"http2_protocol_options": {}} if b.protocol == "grpc" else {"http_protocol_options": {}}
+    return {
+        "name": b.cluster,
+        "type": "STATIC" if is_ip else "STRICT_DNS",
+        "connect_timeout": "2s",
+        "lb_policy": "LEAST_REQUEST",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": protocol,
+            }
+        },
+        "load_assignment": {"cluster_name": b.cluster, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": _addr(h, p)}} for h, p in b.endpoints]}]},
+    }
+
+
+def _is_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
+    """The bootstrap as a dict. `workers` defaults to the config's, else the CPU count."""
+    proc = snap.processor
+    n = workers or proc.workers or os.cpu_count() or 1
+    routes = [r for r in snap.routes.values()]
+    entries: list[dict[str, Any]] = []
+    for r in routes:
+        if r.backend is not None:
+            entries.append(_backend_route(r, r.backend))
+    for r in routes:
+        entries.append(_client_route(r))
+    entries.append({
+        "name": "not-found",
+        "match": {"prefix": "/"},
+        "direct_response": {"status": 404},
+        "typed_per_filter_config": {EXT_PROC: {
+            "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "disabled": True}},
+    })
+    max_body = max(r.max_body_bytes for r in routes)
+    hcm = {
+        "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "adapter",
+        "codec_type": "AUTO",
+        "early_header_mutation_extensions": [{
+            "name": "envoy.http.early_header_mutation.header_mutation",
+            "typed_config": {
+                "@type": _T + "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+                "mutations": [{"remove": BACKEND_HEADER}, {"remove": ROUTE_TARGET_HEADER}],
+            },
+        }],
+        "local_reply_config": _local_reply_config(),
+        "route_config": {"name": "adapter_routes", "virtual_hosts": [
+            {"name": snap.name, "domains": ["*"], "routes": entries}]},
+        "http_filters": [
+            {"name": EXT_PROC, "typed_config": {
+                "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+                "grpc_service": {"envoy_grpc": {"cluster_name": PROCESSOR_CLUSTER}},
+                "failure_mode_allow": False,
+                "status_on_error": {"code": 503},
+                "message_timeout": _duration(proc.message_timeout),
+                "max_message_timeout": "30s",
+                "processing_mode": {"request_header_mode": "SKIP", "response_header_mode": "SKIP",
+                                    "request_body_mode": "NONE", "response_body_mode": "NONE"},
+                # Only to turn a body phase off (error responses pass through untouched).
+                "allow_mode_override": True,
+                "metadata_options": {"receiving_namespaces": {"untyped": ["adapter"]}},
+            }},
+            {"name": "envoy.filters.http.router", "typed_config": {
+                "@type": _T + "envoy.extensions.filters.http.router.v3.Router"}},
+        ],
+    }
+    listener = {
+        "name": "adapter_listener",
+        "address": _addr(snap.listener.address, snap.listener.port),
+        "per_connection_buffer_limit_bytes": max(max_body, 64 * 1024),
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": hcm}]}],
+    }
+    clusters = [_processor_cluster(snap, n, proc.address, proc.base_port)]
+    clusters += [_backend_cluster(b) for b in snap.backends.values()]
+    return {
+        "node": {"id": f"adapter-gateway-{snap.name}", "cluster": "adapter-gateway"},
+        "admin": {"address": _addr(snap.admin.address, snap.admin.port)},
+        "static_resources": {"listeners": [listener], "clusters": clusters},
+    }
+
+
+def render_yaml(snap: Snapshot, workers: int | None = None) -> str:
+    header = (f"# Generated by `adapterctl render-envoy` from {snap.source} ({snap.name}, digest {snap.digest}).\n"
+              "# Do not edit: change the AdapterGateway file and render again.\n")
+    return header + yaml.safe_dump(render(snap, workers), sort_keys=False, allow_unicode=True, width=120)
+
+
+__all__ = ["render", "render_yaml", "processing_mode", "PROCESSOR_CLUSTER", "HEALTH_ROUTE"]

@@ -1,0 +1,93 @@
+"""Backend probes: does each endpoint answer its health path over the protocol the config declares?
+
+What: `probe_backend(backend, timeout)` sends `GET <health_path>` to every endpoint, over HTTP/1.1
+for `protocol: http` or HTTP/2 with prior knowledge (h2c, the transport gRPC uses) for
+`protocol: grpc`, and reports per endpoint whether the answer came back, in that protocol, with a
+2xx status ("protocol negotiation"). A backend is ok when at least one endpoint is.
+Why: a backend that is up but speaks another protocol than Envoy's cluster is configured for fails
+every request; this catches it in one operator request.
+Cost: one short connection per endpoint, all in parallel, bounded by `timeout`; only on the health
+route, never on inference requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+
+_EXPECTED = {"http": "HTTP/1.1", "grpc": "HTTP/2"}
+
+
+async def _get_http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, path: str) -> tuple[str, int]:
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: adapter-probe\r\n\r\n".encode())
+    await writer.drain()
+    line = (await reader.readline()).decode("latin-1").split()
+    if len(line) < 2 or not line[0].startswith("HTTP/") or not line[1].isdigit():
+        raise ConnectionError(f"not an HTTP/1.1 answer: {' '.join(line)[:60]!r}")
+    return line[0], int(line[1])
+
+
+async def _get_h2c(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, path: str) -> tuple[str, int]:
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, [(":method", "GET"), (":path", path), (":scheme", "http"), (":authority", host),
+                            ("user-agent", "adapter-probe")], end_stream=True)
+    writer.write(conn.data_to_send())
+    await writer.drain()
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            raise ConnectionError("connection closed before an HTTP/2 answer (does it speak h2c?)")
+        try:
+            events = conn.receive_data(data)
+        except h2.exceptions.ProtocolError as e:
+            raise ConnectionError(f"not an HTTP/2 answer: {type(e).__name__}") from None
+        writer.write(conn.data_to_send())
+        for ev in events:
+            if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
+                status = dict(ev.headers).get(":status", "0")
+                return "HTTP/2", int(status)
+            if isinstance(ev, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                raise ConnectionError(f"HTTP/2 stream refused: {type(ev).__name__}")
+
+
+async def probe_endpoint(host: str, port: int, path: str, protocol: str, timeout: float) -> dict[str, Any]:
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    started = time.perf_counter()
+    result: dict[str, Any] = {"address": address, "protocol": protocol}
+    writer = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            get = _get_h2c if protocol == "grpc" else _get_http1
+            version, status = await get(reader, writer, address, path)
+        result["latency_ms"] = round((time.perf_counter() - started) * 1000, 2)
+        result["http_version"] = version
+        if status >= 300:
+            result.update(status="down", error=f"{path} answered HTTP {status}")
+        else:
+            result["status"] = "ok"
+    except TimeoutError:
+        result.update(status="down", error=f"no answer within {timeout:g}s")
+    except (OSError, ConnectionError, ValueError) as e:
+        result.update(status="down", error=str(e) or type(e).__name__)
+    finally:
+        if writer is not None:
+            writer.close()
+    return result
+
+
+async def probe_backend(backend: Any, timeout: float) -> dict[str, Any]:
+    results = await asyncio.gather(
+        *(probe_endpoint(h, p, backend.health_path, backend.protocol, timeout) for h, p in backend.endpoints)
+    )
+    ok = any(r["status"] == "ok" for r in results)
+    return {"status": "ok" if ok else "down", "kind": backend.kind, "protocol": backend.protocol,
+            "endpoints": list(results)}

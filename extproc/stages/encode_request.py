@@ -1,0 +1,36 @@
+"""Stage `encode-request`: map the client document to the backend request and route to it.
+
+What: the route's backend adapter renders the request (template or default), then this stage
+replaces the body, sets `:path` to the backend API path and `x-adapter-backend` to the backend,
+and asks Envoy to re-match the route (`clear_route_cache`) so the request goes to that cluster.
+Why: adapting and choosing the destination happen in the same ext_proc reply: one round trip.
+Cost: one template render plus one JSON encode.
+"""
+
+from __future__ import annotations
+
+from backends.base import InputError
+from extproc.config.snapshot import BACKEND_HEADER, ROUTE_TARGET_HEADER
+from extproc.pipeline import reject
+from extproc.types import HttpMessage, Mutate, RequestState, Verdict
+
+
+class EncodeRequest:
+    name = "encode-request"
+
+    def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
+        route = state.route
+        backend = route.backend
+        try:
+            encoded = backend.adapter.encode_llm(route, state.input_doc)
+        except InputError as e:
+            return reject(400, e.code, e.message, path=e.path, route=route.name, request_id=state.request_id)
+        state.backend = backend.name
+        state.backend_request = encoded.body
+        return Mutate(
+            set_headers=((":path", encoded.path), ("content-type", encoded.content_type),
+                         (BACKEND_HEADER, backend.name), (ROUTE_TARGET_HEADER, route.name)),
+            remove_headers=("content-length",),
+            body=encoded.body,
+            clear_route_cache=True,
+        )

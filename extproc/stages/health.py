@@ -1,0 +1,56 @@
+"""Stage `health`: `GET /health/adapter?probe=protocol-negotiation`, answered by the processor.
+
+What: reports the processor worker's own status and, for `probe=protocol-negotiation` (the
+default), probes every backend (see `extproc/probe.py`). 200 when all are ok, 503 with `failed`
+naming what is not; `probe=processor` checks only the processor. When the processor itself is
+down, Envoy answers 503 instead (the route fails closed).
+Cost: bounded by the probe timeout (0.5 s), which stays under Envoy's message timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+from extproc.pipeline import reject
+from extproc.probe import probe_backend
+from extproc.types import HttpMessage, Reject, RequestState, Verdict
+
+PROBES = ("protocol-negotiation", "processor")
+
+
+class Health:
+    name = "health"
+
+    def __init__(self, timeout: float = 0.5):
+        self.timeout = timeout
+        self.started = time.time()
+
+    async def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict:
+        query = parse_qs(urlsplit((msg.headers or {}).get(":path", "")).query)
+        probe = (query.get("probe") or ["protocol-negotiation"])[0]
+        if probe not in PROBES:
+            return reject(400, "unknown_probe", f"unknown probe {probe!r}; known: {', '.join(PROBES)}")
+        snap = state.snapshot
+        body: dict = {
+            "status": "ok",
+            "probe": probe,
+            "processor": {"status": "serving", "pid": os.getpid(), "config": snap.name,
+                          "generation": snap.generation, "digest": snap.digest,
+                          "uptime_s": round(time.time() - self.started, 1)},
+        }
+        failed: list[str] = []
+        if probe == "protocol-negotiation":
+            names = list(snap.backends)
+            results = await asyncio.gather(*(probe_backend(snap.backends[n], self.timeout) for n in names))
+            body["backends"] = dict(zip(names, results))
+            failed = [f"backend {n}" for n, r in zip(names, results) if r["status"] != "ok"]
+        if failed:
+            body["status"] = "degraded"
+            body["failed"] = failed
+        status = 503 if failed else 200
+        return Reject(status, orjson.dumps(body), "health_ok" if status == 200 else "health_failed")

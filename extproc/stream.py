@@ -1,0 +1,106 @@
+"""One ext_proc stream per HTTP request: decode, run the route's pipeline, encode, in order.
+
+What: `ExtProcService.Process` is the `envoy.service.ext_proc.v3.ExternalProcessor/Process`
+handler. The route is named by the stream's gRPC initial metadata (`x-adapter-route`, set per
+route in the generated Envoy config), so the processor never re-matches paths. The config
+snapshot is captured once when the stream opens.
+Why: replies must match Envoy's messages one for one and in order, so a stream is handled
+sequentially; Envoy ends streams by reset as soon as it needs nothing more, so a cancellation is
+a normal end, not an error.
+Cost: the Python gRPC stream itself dominates (about 0.6 to 0.9 ms CPU); this loop adds a few
+microseconds per message plus the stages' own work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator
+
+from extproc import codec
+from extproc.config.snapshot import DEBUG_METADATA_KEY, ROUTE_METADATA_KEY
+from extproc.metrics import ProcessorMetrics
+from extproc.pipeline import reject
+from extproc.types import Phase, Reject, RequestState
+
+log = logging.getLogger(__name__)
+
+
+class ConfigRef:
+    """Holds the current snapshot; `swap` replaces it atomically (one reference assignment)."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, snapshot: Any):
+        self.current = snapshot
+
+    def swap(self, snapshot: Any) -> None:
+        self.current = snapshot
+
+
+class ExtProcService:
+    def __init__(self, config: ConfigRef, metrics: ProcessorMetrics):
+        self.config = config
+        self.metrics = metrics
+        self._children: dict[tuple, Any] = {}  # cached metric label children
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric),) + labels
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    async def Process(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        snap = self.config.current
+        route_name = debug = request_id = None
+        for item in context.invocation_metadata() or ():
+            if item.key == ROUTE_METADATA_KEY:
+                route_name = item.value
+            elif item.key == DEBUG_METADATA_KEY:
+                debug = item.value
+            elif item.key == "x-request-id":
+                request_id = item.value
+        route = snap.routes.get(route_name) if route_name else None
+        label = route.name if route is not None else "unknown"
+        state = RequestState(snapshot=snap, route=route, started=time.monotonic(),
+                             request_id=request_id or "", debug=debug in ("1", "true"))
+        m = self.metrics
+        m.streams_active.inc()
+        busy = 0.0
+        outcome = "ok"
+        try:
+            async for req in request_iterator:
+                t0 = time.perf_counter()
+                msg = codec.decode(req)
+                if route is None:
+                    verdict: Any = reject(
+                        503, "unknown_route",
+                        f"processor has no route {route_name!r} in config generation {snap.generation}; "
+                        "re-render the Envoy config from the same AdapterGateway file", request_id=state.request_id)
+                else:
+                    if msg.phase is Phase.RESPONSE_HEADERS and msg.headers:
+                        state.response_status = int(msg.headers.get(":status", "0") or 0)
+                    verdict = await route.pipeline.run(state, msg)
+                resp = codec.encode(msg.phase, verdict)
+                dt = time.perf_counter() - t0
+                busy += dt
+                self._child(m.phase_duration, label, msg.phase.value).observe(dt)
+                yield resp
+                if isinstance(verdict, Reject):
+                    if verdict.status >= 400:
+                        outcome = "rejected" if verdict.status < 500 else "error"
+                        self._child(m.errors, label, verdict.reason).inc()
+                    return
+        except asyncio.CancelledError:
+            # Envoy resets the side stream once it needs nothing more: a normal end.
+            raise
+        except Exception:
+            outcome = "error"
+            log.exception("stream for route %s failed", label)
+            raise
+        finally:
+            m.streams_active.dec()
+            self._child(m.requests, label, outcome).inc()
+            self._child(m.request_duration, label).observe(busy)
