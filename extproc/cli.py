@@ -112,7 +112,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     proc = snap.processor
     workers = args.workers or proc.workers or os.cpu_count() or 1
     sup = Supervisor(args.file, proc.address, args.base_port or proc.base_port, workers,
-                     args.admin_port or proc.admin_port, proc.shutdown_grace, log_level=args.log_level)
+                     args.admin_port or proc.admin_port, proc.shutdown_grace, log_level=args.log_level,
+                     endpoints=dict(args.endpoint or ()), record_dir=args.record_dir)
     sup.start()
     signal.signal(signal.SIGHUP, lambda *_: sup.reload())
     print(f"processor: {workers} worker(s) on {proc.address}:{sup.workers[0].port}..{sup.workers[-1].port}, "
@@ -183,7 +184,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from extproc.server import WorkerSettings, run_worker
 
     return run_worker(WorkerSettings(args.config, args.address, args.port, args.index, args.shutdown_grace,
-                                     endpoints=tuple(args.endpoint or ())))
+                                     endpoints=tuple(args.endpoint or ()), record_dir=args.record_dir))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int)
     s.add_argument("--base-port", type=int)
     s.add_argument("--admin-port", type=int)
+    s.add_argument("--endpoint", type=_endpoint_arg, action="append", metavar="NAME=HOST:PORT",
+                   help="point a backend at other endpoints (repeatable)")
+    s.add_argument("--record-dir", help="write every ProcessingRequest received here (text format) for replay")
     s.set_defaults(fn=cmd_serve)
 
     s = sub.add_parser("up", help="run Envoy, the processor and (with --simulate) backend simulators")
@@ -234,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--index", type=int, default=0)
     s.add_argument("--shutdown-grace", type=float, default=5.0)
     s.add_argument("--endpoint", type=_endpoint_arg, action="append")
+    s.add_argument("--record-dir")
     s.set_defaults(fn=cmd_worker)
     return p
 

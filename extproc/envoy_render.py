@@ -253,6 +253,13 @@ def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
     return {
         "node": {"id": f"adapter-gateway-{snap.name}", "cluster": "adapter-gateway"},
         "admin": {"address": _addr(snap.admin.address, snap.admin.port)},
+        "overload_manager": {"resource_monitors": [{
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {
+                "@type": _T + "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                "max_active_downstream_connections": 50000,
+            },
+        }]},
         "static_resources": {"listeners": [listener], "clusters": clusters},
     }
 

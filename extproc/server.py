@@ -41,6 +41,7 @@ class WorkerSettings:
     shutdown_grace: float = 5.0
     drain_delay: float = 1.0  # NOT_SERVING before stop(): about one Envoy health-check interval
     endpoints: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # backend endpoint overrides
+    record_dir: str | None = None  # append every ProcessingRequest here (text format), for replay tests
 
 
 def grpc_options(max_message: int) -> list[tuple[str, int]]:
@@ -63,7 +64,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     # Bodies are buffered up to a route's limit; leave room for protobuf framing.
     max_message = max(r.max_body_bytes for r in snapshot.routes.values()) * 2 + (1 << 20)
     server = grpc.aio.server(options=grpc_options(max_message))
-    service = ExtProcService(config, metrics)
+    service = ExtProcService(config, metrics, _recorder(settings.record_dir, settings.index))
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
@@ -106,6 +107,25 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         await asyncio.sleep(drain)
         await server.stop(max(settings.shutdown_grace - drain, 0.0))
         log.info("worker %d stopped", settings.index)
+
+
+def _recorder(record_dir: str | None, index: int):
+    """Writes each stream's requests to `<dir>/<route>-<request id>.txtpb` (debugging and tests)."""
+    if not record_dir:
+        return None
+    from pathlib import Path
+
+    from google.protobuf import text_format
+
+    base = Path(record_dir)
+    base.mkdir(parents=True, exist_ok=True)
+
+    def record(route: str | None, request_id: str, req: object) -> None:
+        name = f"{route or 'unknown'}-{request_id or index}.txtpb"
+        with open(base / name, "a", encoding="utf-8") as f:
+            f.write("# message\n" + text_format.MessageToString(req, as_utf8=True))
+
+    return record
 
 
 def run_worker(settings: WorkerSettings) -> int:

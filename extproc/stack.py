@@ -102,6 +102,7 @@ class Stack:
     run_dir: str | None = None
     log_level: str = "warning"
     simulator_args: tuple[str, ...] = ()
+    record_dir: str | None = None  # processor workers record every ProcessingRequest here
     snapshot: Snapshot | None = field(default=None, init=False)
     simulators: dict[str, tuple[subprocess.Popen, int]] = field(default_factory=dict, init=False)
     supervisor: Supervisor | None = field(default=None, init=False)
@@ -150,7 +151,7 @@ class Stack:
                                 | set(backend.models)) or ["default"]
                 cmd = [sys.executable, "-m", "backends.simulator_openai", "--host", "127.0.0.1", "--port", str(port),
                        "--models", ",".join(models), "--log-level", self.log_level, *self.simulator_args]
-                p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent, start_new_session=True)
                 self.simulators[name] = (p, port)
                 overrides[name] = (("127.0.0.1", port),)
                 log.warning("backend %s -> OpenAI API simulator at 127.0.0.1:%d (simulated, not a real model)",
@@ -163,6 +164,7 @@ class Stack:
         self.supervisor = Supervisor(
             self.config_path, processor.address, processor.base_port, workers, processor.admin_port,
             shutdown_grace=processor.shutdown_grace, log_level=self.log_level, endpoints=overrides,
+            record_dir=self.record_dir,
         )
         self.supervisor.start()
 
@@ -174,7 +176,7 @@ class Stack:
         self.envoy = subprocess.Popen(
             [find_envoy(), "-c", self.envoy_config, "--disable-hot-restart", "--concurrency", str(min(workers, 4)),
              "-l", level, "--log-format", "[envoy %l] %v"],
-            preexec_fn=die_with_parent,
+            preexec_fn=die_with_parent, start_new_session=True,
         )
         wait_http(f"{self.admin_url}/ready", 30, self.envoy, "envoy")
         wait_http(f"{self.url}/__adapter_not_a_route__", 10, self.envoy, "envoy listener")

@@ -40,9 +40,12 @@ class ConfigRef:
 
 
 class ExtProcService:
-    def __init__(self, config: ConfigRef, metrics: ProcessorMetrics):
+    def __init__(self, config: ConfigRef, metrics: ProcessorMetrics, recorder: Any = None):
         self.config = config
         self.metrics = metrics
+        # Optional `recorder(route_name, request_id, ProcessingRequest)`: captures real Envoy
+        # traffic for replay tests (`adapterctl serve --record-dir`); None costs one check per message.
+        self.recorder = recorder
         self._children: dict[tuple, Any] = {}  # cached metric label children
 
     def _child(self, metric: Any, *labels: str) -> Any:
@@ -72,6 +75,8 @@ class ExtProcService:
         outcome = "ok"
         try:
             async for req in request_iterator:
+                if self.recorder is not None:
+                    self.recorder(route_name, state.request_id, req)
                 t0 = time.perf_counter()
                 msg = codec.decode(req)
                 if route is None:

@@ -50,7 +50,7 @@ class _Worker:
 class Supervisor:
     def __init__(self, config_path: str, address: str, base_port: int, workers: int, admin_port: int,
                  shutdown_grace: float = 5.0, admin_address: str = "127.0.0.1", log_level: str = "info",
-                 endpoints: dict[str, tuple[tuple[str, int], ...]] | None = None):
+                 endpoints: dict[str, tuple[tuple[str, int], ...]] | None = None, record_dir: str | None = None):
         self.config_path = config_path
         self.address = address
         self.admin = (admin_address, admin_port)
@@ -58,6 +58,8 @@ class Supervisor:
         self.log_level = log_level
         self.endpoint_args = [a for name, eps in (endpoints or {}).items()
                               for a in ("--endpoint", f"{name}=" + ",".join(f"{h}:{p}" for h, p in eps))]
+        if record_dir:
+            self.endpoint_args += ["--record-dir", record_dir]
         self.workers = [_Worker(i, base_port + i) for i in range(workers)]
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -84,7 +86,8 @@ class Supervisor:
         cmd = [sys.executable, "-m", "extproc", "--log-level", self.log_level, "worker",
                "--config", self.config_path, "--address", self.address, "--port", str(w.port),
                "--index", str(w.index), "--shutdown-grace", str(self.grace), *self.endpoint_args]
-        w.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, preexec_fn=die_with_parent, text=True)
+        w.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, preexec_fn=die_with_parent, text=True,
+                                  start_new_session=True)
 
     def _wait_ready(self, w: _Worker, deadline: float) -> None:
         assert w.proc is not None and w.proc.stdout is not None

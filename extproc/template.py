@@ -436,7 +436,9 @@ class _Parser:
                         end,
                     )
                 if c == "?":
-                    raise self.error("expected '??' (a default) after the path, found a single '?'", after)
+                    raise self.error(
+                        "expected '??' (a default) after the path, found a single '?'", after
+                    )
             ref = PathRef(path_text(steps), steps, False)
             self.paths.append(ref)
             if refs:
@@ -483,13 +485,15 @@ class _Parser:
                     m = _INDEX_RE.match(text, j)
                     if m is None:
                         raise self.error(
-                            f"invalid index in path '{path_text(steps)}': expected digits after '-'",
+                            f"invalid index after '{path_text(steps)}': expected digits after '-'",
                             j + 1,
                         )
                     tok = m.group()
                     digits = tok.lstrip("-")
                     if len(digits) > 1 and digits[0] == "0":
-                        raise self.error(f"invalid index '{tok}': leading zeros are not allowed", j)
+                        raise self.error(
+                            f"invalid index '{tok}': leading zeros are not allowed", j
+                        )
                     steps.append(int(tok))
                     j = m.end()
                 else:

