@@ -90,6 +90,7 @@ DEFAULT_MAX_TOKENS = 16
 EMBEDDING_DIM = 16
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_N = 128
+SHUTDOWN_GRACE_S = 0.5  # in-flight requests get this long to finish on shutdown, then are aborted
 
 _VOCAB = (
     "the", "market", "simulated", "answer", "returns", "a", "steady", "signal",
@@ -484,8 +485,8 @@ def _free_text_pieces(seed: int, count: int) -> list[str]:
     return pieces
 
 
-def _structured_text(response_format: Any, seed: int) -> str | None:
-    """The JSON text for a structured ``response_format``, or None for free text."""
+def _structured_kind(response_format: Any) -> str | None:
+    """``"json_object"`` / ``"json_schema"``, or None for free text (validates the field)."""
     if response_format is None:
         return None
     if not isinstance(response_format, dict):
@@ -493,9 +494,21 @@ def _structured_text(response_format: Any, seed: int) -> str | None:
     kind = response_format.get("type")
     if kind == "text":
         return None
+    if kind in ("json_object", "json_schema"):
+        return kind
+    raise _bad_request(
+        f"`response_format.type` must be one of 'text', 'json_object', 'json_schema', not {kind!r}",
+        "response_format")
+
+
+def _structured_text(response_format: Any, seed: int) -> str | None:
+    """The JSON text for a structured ``response_format``, or None for free text."""
+    kind = _structured_kind(response_format)
+    if kind is None:
+        return None
     if kind == "json_object":
         value = instance_for(_JSON_OBJECT_SCHEMA, seed)
-    elif kind == "json_schema":
+    else:
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict):
             raise _bad_request("`response_format.json_schema` must be an object", "response_format")
@@ -506,10 +519,6 @@ def _structured_text(response_format: Any, seed: int) -> str | None:
             value = instance_for(schema, seed)
         except (ValueError, TypeError, RecursionError) as exc:
             raise _bad_request(f"The simulator cannot satisfy the JSON schema: {exc}", "response_format") from exc
-    else:
-        raise _bad_request(
-            f"`response_format.type` must be one of 'text', 'json_object', 'json_schema', not {kind!r}",
-            "response_format")
     return orjson.dumps(value).decode()
 
 
@@ -685,6 +694,7 @@ class SimulatorApp:
         self.engines: dict[str, _Engine] = {m: _Engine(m, settings) for m in settings.models}
         self.registry = CollectorRegistry(auto_describe=False)  # per app: no global state
         self.registry.register(_EngineCollector(self.engines, settings.loras))
+        self._in_flight: set[asyncio.Task] = set()
         self._routes: dict[str, dict[str, Callable]] = {
             "/v1/chat/completions": {"POST": self._chat_completions},
             "/v1/completions": {"POST": self._completions},
@@ -713,6 +723,8 @@ class SimulatorApp:
         # Serve the request while watching for the client going away: a
         # disconnect cancels the handler, which frees its engine slot.
         handler = asyncio.ensure_future(self._dispatch(scope, body, send))
+        self._in_flight.add(handler)
+        handler.add_done_callback(self._in_flight.discard)
         watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
         try:
             await asyncio.wait({handler, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -723,6 +735,13 @@ class SimulatorApp:
             for task in (handler, watcher):
                 task.cancel()
             await asyncio.gather(handler, watcher, return_exceptions=True)
+
+    async def abort_in_flight(self) -> None:
+        """Cancel every request being served (their slots are freed, streams cut)."""
+        tasks = list(self._in_flight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _lifespan(self, receive: Callable, send: Callable) -> None:
         while True:
@@ -774,25 +793,29 @@ class SimulatorApp:
             raise _HTTPError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         return model, self.engines[base]
 
-    def _check_context(self, prompt_tokens: int, options: _Options, choices: list[_Choice]) -> None:
+    def _check_lengths(self, prompts: list[tuple[Any, int]], options: _Options) -> None:
+        """Reject, before generating anything, what vLLM would reject as too long."""
         max_len = self.settings.effective_max_model_len
-        per_choice = max((len(c.pieces) for c in choices), default=0)
-        requested = options.max_tokens if options.max_tokens is not None else per_choice
-        if prompt_tokens + requested > max_len:
-            raise _bad_request(
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{prompt_tokens + requested} tokens ({prompt_tokens} in the messages, {requested} in "
-                f"the completion). Please reduce the length of the messages or completion.")
-        footprint = prompt_tokens + sum(len(c.pieces) for c in choices)
+        requested = options.max_tokens or DEFAULT_MAX_TOKENS
+        for _, prompt_tokens in prompts:
+            if prompt_tokens + requested > max_len:
+                raise _bad_request(
+                    f"This model's maximum context length is {max_len} tokens. However, you requested "
+                    f"{prompt_tokens + requested} tokens ({prompt_tokens} in the messages, {requested} in "
+                    f"the completion). Please reduce the length of the messages or completion.")
+        if _structured_kind(options.response_format) is None:  # free text: the length is known now
+            self._check_footprint(sum(t for _, t in prompts) + len(prompts) * options.n * requested)
+
+    def _check_footprint(self, footprint: int) -> None:
         if footprint > self.settings.kv_cache_tokens:
             raise _bad_request(
                 f"The request needs {footprint} KV-cache tokens but the simulated cache holds only "
                 f"{self.settings.kv_cache_tokens}.")
 
-    def _plan(self, model: str, prompts: list[Any], options: _Options) -> list[_Choice]:
+    def _plan(self, model: str, prompts: list[tuple[Any, int]], options: _Options) -> list[_Choice]:
         """Decide every choice's tokens up front (deterministically)."""
         choices: list[_Choice] = []
-        for prompt in prompts:
+        for prompt, _ in prompts:
             for variant in range(options.n):
                 seed = _digest(model, prompt, options.response_format, options.seed, self.settings.seed, variant)
                 structured = _structured_text(options.response_format, seed)
@@ -815,21 +838,23 @@ class SimulatorApp:
             raise _bad_request("`messages` must be a non-empty list", "messages")
         prompt_tokens = count_tokens("".join(_message_text(m, i) for i, m in enumerate(messages)))
         options = _common_options(request, chat=True)
-        choices = self._plan(model, [messages], options)
-        await self._generate(engine, model, prompt_tokens, options, choices, chat=True, send=send)
+        await self._generate(engine, model, [(messages, prompt_tokens)], options, chat=True, send=send)
 
     async def _completions(self, body: bytes, send: Callable) -> None:
         request = _parse_json_object(body)
         model, engine = self._engine_for(request)
-        prompts, prompt_tokens = _parse_prompts(request.get("prompt"))
+        prompts = _parse_prompts(request.get("prompt"))
         options = _common_options(request, chat=False)
-        choices = self._plan(model, prompts, options)
-        await self._generate(engine, model, prompt_tokens, options, choices, chat=False, send=send)
+        await self._generate(engine, model, prompts, options, chat=False, send=send)
 
-    async def _generate(self, engine: _Engine, model: str, prompt_tokens: int, options: _Options,
-                        choices: list[_Choice], *, chat: bool, send: Callable) -> None:
-        self._check_context(prompt_tokens, options, choices)
+    async def _generate(self, engine: _Engine, model: str, prompts: list[tuple[Any, int]], options: _Options,
+                        *, chat: bool, send: Callable) -> None:
+        """Queue, pace and answer a chat or text completion (streamed or not)."""
+        self._check_lengths(prompts, options)
+        choices = self._plan(model, prompts, options)
+        prompt_tokens = sum(tokens for _, tokens in prompts)
         completion_tokens = sum(len(c.pieces) for c in choices)
+        self._check_footprint(prompt_tokens + completion_tokens)
         job = engine.new_job(model, prompt_tokens, completion_tokens, options.priority)
         steps = max((len(c.pieces) for c in choices), default=0)
         response_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -885,20 +910,24 @@ class SimulatorApp:
     async def _embeddings(self, body: bytes, send: Callable) -> None:
         request = _parse_json_object(body)
         model, engine = self._engine_for(request)
-        inputs, prompt_tokens = _parse_prompts(request.get("input"), field="input")
+        inputs = _parse_prompts(request.get("input"), field="input")
+        prompt_tokens = sum(tokens for _, tokens in inputs)
         encoding = request.get("encoding_format") or "float"
         if encoding not in ("float", "base64"):
             raise _bad_request("`encoding_format` must be 'float' or 'base64'", "encoding_format")
         dims = _int_field(request, "dimensions", default=EMBEDDING_DIM, minimum=1, maximum=EMBEDDING_DIM)
-        if prompt_tokens > self.settings.effective_max_model_len:
-            raise _bad_request(
-                f"This model's maximum context length is {self.settings.effective_max_model_len} tokens. "
-                f"However, you requested {prompt_tokens} tokens in the input for embedding generation.")
+        max_len = self.settings.effective_max_model_len
+        for _, tokens in inputs:
+            if tokens > max_len:
+                raise _bad_request(
+                    f"This model's maximum context length is {max_len} tokens. However, you requested "
+                    f"{tokens} tokens in the input for embedding generation. Please reduce the length of the input.")
+        self._check_footprint(prompt_tokens)
         job = engine.new_job(model, prompt_tokens, 0, _int_field(request, "priority", default=0))
         async with engine.run(job):
             pass
         data = []
-        for index, item in enumerate(inputs):
+        for index, (item, _) in enumerate(inputs):
             vector = _embedding(_digest("embedding", model, item, self.settings.seed), dims)
             encoded: Any = vector
             if encoding == "base64":
@@ -929,18 +958,21 @@ class SimulatorApp:
         await _send_response(send, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST.encode())
 
 
-def _parse_prompts(value: Any, field: str = "prompt") -> tuple[list[Any], int]:
-    """Split ``prompt``/``input`` into items; return them and the total prompt tokens."""
+def _parse_prompts(value: Any, field: str = "prompt") -> list[tuple[Any, int]]:
+    """Split ``prompt``/``input`` into ``(item, prompt_tokens)`` pairs."""
+    def token_ids(item: Any) -> bool:
+        return isinstance(item, list) and bool(item) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in item)
+
     if isinstance(value, str):
-        return [value], count_tokens(value)
+        return [(value, count_tokens(value))]
+    if token_ids(value):
+        return [(value, len(value))]  # one pre-tokenized prompt
     if isinstance(value, list) and value:
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return [value], len(value)  # one pre-tokenized prompt
         if all(isinstance(v, str) for v in value):
-            return list(value), sum(count_tokens(v) for v in value)
-        if all(isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
-               for v in value):
-            return list(value), sum(len(v) for v in value)
+            return [(v, count_tokens(v)) for v in value]
+        if all(token_ids(v) for v in value):
+            return [(v, len(v)) for v in value]
     raise _bad_request(
         f"`{field}` must be a string, a non-empty list of strings, or token id list(s)", field)
 
@@ -999,7 +1031,9 @@ async def serve(settings: SimulatorSettings, shutdown_event: asyncio.Event, *,
 
     The socket is bound and listening before ``on_ready(host, port)`` is called
     (``port`` is the real one when ``settings.port`` is 0), so connections made
-    after the callback are queued and served.
+    after the callback are queued and served.  On shutdown, requests still in
+    flight after :data:`SHUTDOWN_GRACE_S` are aborted (a stream is cut without
+    ``data: [DONE]``) so that the server stops well within two seconds.
     """
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
@@ -1010,11 +1044,23 @@ async def serve(settings: SimulatorSettings, shutdown_event: asyncio.Event, *,
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns the listening socket from here
     config.loglevel = settings.log_level.upper()
     config.accesslog = None
-    config.graceful_timeout = 1.0
+    config.graceful_timeout = SHUTDOWN_GRACE_S + 1.0  # hypercorn's own backstop
     config.h2_max_concurrent_streams = max(100, 4 * settings.max_num_seqs)
+    app = build_app(settings)
+
+    async def abort_after_grace() -> None:
+        await shutdown_event.wait()
+        await asyncio.sleep(SHUTDOWN_GRACE_S)
+        await app.abort_in_flight()
+
+    aborter = asyncio.create_task(abort_after_grace())
     if on_ready is not None:
         on_ready(host, port)
-    await hypercorn_serve(build_app(settings), config, shutdown_trigger=shutdown_event.wait)
+    try:
+        await hypercorn_serve(app, config, shutdown_trigger=shutdown_event.wait)
+    finally:
+        aborter.cancel()
+        await asyncio.gather(aborter, return_exceptions=True)
     log.info("simulator on %s:%d stopped", host, port)
 
 

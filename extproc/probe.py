@@ -13,6 +13,7 @@ route, never on inference requests.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -76,7 +77,10 @@ async def probe_endpoint(host: str, port: int, path: str, protocol: str, timeout
             result["status"] = "ok"
     except TimeoutError:
         result.update(status="down", error=f"no answer within {timeout:g}s")
-    except (OSError, ConnectionError, ValueError) as e:
+    except OSError as e:
+        reason = os.strerror(e.errno).lower() if e.errno else (str(e) or type(e).__name__)
+        result.update(status="down", error=reason)
+    except (ConnectionError, ValueError) as e:
         result.update(status="down", error=str(e) or type(e).__name__)
     finally:
         if writer is not None:

@@ -1,0 +1,113 @@
+"""The generated Envoy bootstrap: phases per route, routing entries, and Envoy's own validation."""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+import yaml
+
+from extproc.cli import envoy_validate, main
+from extproc.config.loader import load_file
+from extproc.envoy_render import PROCESSOR_CLUSTER, processing_mode, render, render_yaml
+from tests.conftest import BRIEF_EXAMPLE, REPO
+
+EXAMPLES = sorted(glob.glob(str(REPO / "examples" / "*.yaml"))) + [str(BRIEF_EXAMPLE)]
+
+
+def routes_of(bootstrap):
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    return hcm, hcm["route_config"]["virtual_hosts"][0]["routes"]
+
+
+def test_each_route_gets_only_the_phases_its_pipeline_uses():
+    snap = load_file(REPO / "examples" / "finance-llm-adapter.yaml")
+    assert processing_mode(snap.routes["v1-chat-completions"]) == {
+        "request_header_mode": "SEND", "response_header_mode": "SKIP",
+        "request_body_mode": "NONE", "response_body_mode": "NONE"}
+    assert processing_mode(snap.routes["v1-analyze"]) == {
+        "request_header_mode": "SEND", "response_header_mode": "SEND",
+        "request_body_mode": "BUFFERED", "response_body_mode": "BUFFERED"}
+    assert processing_mode(snap.routes["adapter-health"])["response_header_mode"] == "SKIP"
+
+
+def test_routing_entries_policy_and_catch_all():
+    snap = load_file(REPO / "examples" / "finance-llm-adapter.yaml")
+    hcm, routes = routes_of(render(snap, workers=3))
+    names = [r["name"] for r in routes]
+    # processor-chosen entries first, then client paths, then the 404 catch-all without ext_proc
+    assert names == ["v1-analyze--finance-backend", "v1-chat-completions--finance-backend", "v1-analyze",
+                     "v1-chat-completions", "adapter-health", "not-found"]
+    pick = routes[0]
+    assert {h["name"] for h in pick["match"]["headers"]} == {"x-adapter-backend", "x-adapter-route-target"}
+    assert pick["request_headers_to_remove"] == ["x-adapter-backend", "x-adapter-route-target"]
+    meta = pick["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"]["grpc_initial_metadata"]
+    assert {"key": "x-adapter-route", "value": "v1-analyze"} in meta
+    assert routes[2]["request_body_buffer_limit"] == 1024 * 1024
+    assert routes[-1]["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"] is True
+    removed = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
+    assert {"remove": "x-adapter-backend"} in removed  # clients cannot pick a backend themselves
+    ext_proc = hcm["http_filters"][0]["typed_config"]
+    assert ext_proc["failure_mode_allow"] is False and ext_proc["message_timeout"] == "1.000s"
+
+
+def test_processor_cluster_lists_each_worker_and_lifts_the_circuit_breaker():
+    snap = load_file(BRIEF_EXAMPLE)
+    clusters = {c["name"]: c for c in render(snap, workers=4)["static_resources"]["clusters"]}
+    proc = clusters[PROCESSOR_CLUSTER]
+    ports = [e["endpoint"]["address"]["socket_address"]["port_value"]
+             for e in proc["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert ports == [50051, 50052, 50053, 50054]
+    assert proc["circuit_breakers"]["thresholds"][0]["max_requests"] > 1024
+    backend = clusters["finance-backend"]
+    assert backend["type"] == "STRICT_DNS"  # a host name
+    http = backend["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    assert "http2_protocol_options" in http["explicit_http_config"]  # protocol: grpc
+
+
+def test_failure_mode_open_is_per_route(write_config):
+    p = write_config("""
+        apiVersion: adapter.ai/v1
+        kind: AdapterGateway
+        metadata: {name: t}
+        spec:
+          backends: [{name: b, endpoints: ["127.0.0.1:9"]}]
+          routes:
+            - {path: /open, policy: {failureMode: open}}
+            - {path: /closed}
+        """)
+    _, routes = routes_of(render(load_file(p), workers=1))
+    by_name = {r["name"]: r for r in routes}
+    flag = lambda n: by_name[n]["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"]["failure_mode_allow"]  # noqa: E731
+    assert flag("open") is True and flag("closed") is False
+    assert by_name["open"]["route"]["cluster"] == "b"  # where an open route lands unchanged
+
+
+@pytest.mark.parametrize("path", EXAMPLES)
+def test_every_example_config_passes_envoy_validate(path, tmp_path):
+    out = tmp_path / "envoy.yaml"
+    out.write_text(render_yaml(load_file(path), workers=2))
+    ok, output = envoy_validate(str(out))
+    assert ok, output
+
+
+def test_render_envoy_check_fails_when_envoy_rejects(tmp_path, monkeypatch, capsys):
+    import extproc.envoy_render as er
+
+    original = er.render
+
+    def broken(snap, workers=None):
+        doc = original(snap, workers)
+        doc["static_resources"]["clusters"][0]["lb_policy"] = "NOT_A_POLICY"
+        return doc
+
+    monkeypatch.setattr(er, "render", broken)
+    rc = main(["render-envoy", str(BRIEF_EXAMPLE), "-o", str(tmp_path / "e.yaml"), "--check"])
+    assert rc == 1 and "REJECTED" in capsys.readouterr().err
+
+
+def test_checked_in_envoy_config_is_current():
+    """envoy/finance-llm-adapter.yaml is what `make render` produces from the example."""
+    snap = load_file(REPO / "examples" / "finance-llm-adapter.yaml")
+    checked_in = yaml.safe_load((REPO / "envoy" / "finance-llm-adapter.yaml").read_text())
+    assert checked_in == render(snap, workers=2), "stale: run `make render`"
