@@ -97,7 +97,6 @@ def _client_route(route: Route) -> dict[str, Any]:
         "name": route.name,
         "match": {"path": route.path},
         "typed_per_filter_config": _ext_proc_per_route(route),
-        "request_body_buffer_limit": route.max_body_bytes,
     }
     if route.backend is None:  # answered by the processor; reached only if it is down
         entry["direct_response"] = {"status": 503, "body": {"inline_string": "the processor did not answer"}}
@@ -244,6 +243,9 @@ def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
     listener = {
         "name": "adapter_listener",
         "address": _addr(snap.listener.address, snap.listener.port),
+        # Envoy buffers bodies up to this (413 beyond it); each route's own smaller maxBodyBytes is
+        # enforced by the processor's body-limit stage, since Envoy 1.40 applies a route's buffer
+        # limit only after ext_proc has already buffered the body.
         "per_connection_buffer_limit_bytes": max(max_body, 64 * 1024),
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                         "typed_config": hcm}]}],

@@ -93,7 +93,7 @@ def _stop_proc(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
 @dataclass
 class Stack:
     config_path: str
-    simulate: bool = False
+    simulate: bool | frozenset[str] = False  # True: every backend; or the names of those to simulate
     listen_port: int | None = None  # None: the config's
     admin_port: int | None = None
     processor_base_port: int | None = None
@@ -145,7 +145,10 @@ class Stack:
         )
         overrides: dict[str, tuple[tuple[str, int], ...]] = {}
         if self.simulate:
+            chosen = set(snap.backends) if self.simulate is True else set(self.simulate)
             for name, backend in snap.backends.items():
+                if name not in chosen:
+                    continue
                 port = free_port()
                 models = sorted({r.model for r in snap.routes.values() if r.backend is backend and r.model}
                                 | set(backend.models)) or ["default"]

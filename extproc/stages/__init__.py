@@ -1,8 +1,9 @@
 """Stages of the request pipeline, one per file; `build_pipeline` picks them per route kind.
 
 Route kinds and their stages (the phases listed are exactly what Envoy is configured to send):
-- `llm`: request body -> `parse_json`, `encode_request`; response body -> `decode_response`.
-- `passthrough`: request headers -> `select_backend`.
+- `llm`: request headers -> `body_limit`; request body -> `body_limit`, `parse_json`,
+  `encode_request`; response headers and body -> `decode_response`.
+- `passthrough`: request headers -> `body_limit`, `select_backend`.
 - `health`: request headers -> `health`.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from extproc.pipeline import Pipeline
+from extproc.stages.body_limit import BodyLimit
 from extproc.stages.decode_response import DecodeResponse
 from extproc.stages.encode_request import EncodeRequest
 from extproc.stages.health import Health
@@ -20,9 +22,9 @@ from extproc.stages.select_backend import SelectBackend
 
 def build_pipeline(route: Any) -> Pipeline:
     if route.kind == "llm":
-        return Pipeline([ParseJson(), EncodeRequest(), DecodeResponse()])
+        return Pipeline([BodyLimit(), ParseJson(), EncodeRequest(), DecodeResponse()])
     if route.kind == "passthrough":
-        return Pipeline([SelectBackend()])
+        return Pipeline([BodyLimit(), SelectBackend()])
     if route.kind == "health":
         return Pipeline([Health()])
     raise ValueError(f"no pipeline for route kind {route.kind!r}")

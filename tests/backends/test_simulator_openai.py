@@ -21,6 +21,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
 import httpx
 import jsonschema
 import openai
@@ -255,9 +259,11 @@ def test_raw_sse_framing(fast_sim: Simulator) -> None:
 
 
 def test_stream_chunks_arrive_incrementally(paced_sim: Simulator) -> None:
+    client = paced_sim.client()
+    client.models.list()  # warm the client and its connection up
     start = time.monotonic()
     arrivals = []
-    stream = paced_sim.client().chat.completions.create(
+    stream = client.chat.completions.create(
         model=BASE_MODEL, messages=_user("count to twenty"), max_tokens=20, stream=True)
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -366,6 +372,11 @@ def test_bad_requests(fast_sim: Simulator) -> None:
     assert error["type"] == "BadRequestError" and error["code"] == 400
     assert "line 1 column 15" in error["message"]
 
+    unsatisfiable = httpx.post(f"{fast_sim.url}/v1/chat/completions", timeout=5, json={
+        "model": BASE_MODEL, "messages": _user("x"),
+        "response_format": {"type": "json_schema", "json_schema": {"name": "never", "schema": False}}})
+    assert unsatisfiable.status_code == 400 and unsatisfiable.json()["error"]["param"] == "response_format"
+
     too_long = httpx.post(f"{fast_sim.url}/v1/completions", timeout=5,
                           json={"model": BASE_MODEL, "prompt": "x", "max_tokens": 40000})
     assert too_long.status_code == 400
@@ -421,30 +432,33 @@ def test_metrics_expose_vllm_names(fast_sim: Simulator) -> None:
 
 
 async def test_priority_orders_waiting_requests(paced_sim: Simulator) -> None:
-    """max_num_seqs=1: the later request with the lower priority value runs first."""
+    """max_num_seqs=1: of two queued requests, the lower priority value runs first."""
     client = paced_sim.async_client()
     finished: list[str] = []
 
-    async def ask(name: str, priority: int, max_tokens: int) -> None:
-        await client.chat.completions.create(model=BASE_MODEL, messages=_user(name), max_tokens=max_tokens,
-                                             extra_body={"priority": priority})
-        finished.append(name)
+    async with httpx.AsyncClient(base_url=paced_sim.url, timeout=10) as http:
+        async def wait_for(name: str, value: float) -> None:
+            deadline = time.monotonic() + 5
+            while _sample((await http.get("/metrics")).text, name, model_name=BASE_MODEL) != value:
+                assert time.monotonic() < deadline, f"{name} never reached {value}"
+                await asyncio.sleep(0.02)
 
-    async def wait_for(name: str, value: float) -> None:
-        deadline = time.monotonic() + 5
-        while _gauge(paced_sim, name) != value:
-            assert time.monotonic() < deadline, f"{name} never reached {value}"
-            await asyncio.sleep(0.02)
+        async def ask(name: str, priority: int) -> None:
+            await client.chat.completions.create(model=BASE_MODEL, messages=_user(name), max_tokens=3,
+                                                 extra_body={"priority": priority})
+            finished.append(name)
 
-    blocker = asyncio.create_task(ask("blocker", 0, 25))
-    await wait_for("vllm:num_requests_running", 1)
-    later_high = asyncio.create_task(ask("queued-first-priority-10", 10, 3))
-    await wait_for("vllm:num_requests_waiting", 1)
-    later_low = asyncio.create_task(ask("queued-second-priority-1", 1, 3))
-    await wait_for("vllm:num_requests_waiting", 2)
-    await asyncio.wait_for(asyncio.gather(blocker, later_high, later_low), timeout=10)
-    assert finished == ["blocker", "queued-second-priority-1", "queued-first-priority-10"]
+        blocker = {"model": BASE_MODEL, "messages": _user("block"), "max_tokens": 500, "stream": True}
+        async with http.stream("POST", "/v1/chat/completions", json=blocker):
+            await wait_for("vllm:num_requests_running", 1)
+            queued_first = asyncio.create_task(ask("queued-first-priority-10", 10))
+            await wait_for("vllm:num_requests_waiting", 1)
+            queued_second = asyncio.create_task(ask("queued-second-priority-1", 1))
+            await wait_for("vllm:num_requests_waiting", 2)
+        # leaving the block disconnects the blocker and frees the only slot
+        await asyncio.wait_for(asyncio.gather(queued_first, queued_second), timeout=10)
     await client.close()
+    assert finished == ["queued-second-priority-1", "queued-first-priority-10"]
 
 
 def test_client_disconnect_frees_slot_and_queue(paced_sim: Simulator) -> None:
@@ -474,6 +488,34 @@ def test_client_disconnect_frees_slot_and_queue(paced_sim: Simulator) -> None:
     # the single slot really is free again
     result = paced_sim.client().chat.completions.create(model=BASE_MODEL, messages=_user("next"), max_tokens=2)
     assert result.choices[0].finish_reason == "length"
+
+
+def test_h2_stream_reset_frees_slot(paced_sim: Simulator) -> None:
+    """Envoy cancels an upstream h2 stream with RST_STREAM when its client goes away."""
+    body = json.dumps({"model": BASE_MODEL, "messages": _user("reset me"), "max_tokens": 500,
+                       "stream": True}).encode()
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    with socket.create_connection(("127.0.0.1", paced_sim.port), timeout=5) as sock:
+        conn.initiate_connection()
+        stream_id = conn.get_next_available_stream_id()
+        conn.send_headers(stream_id, [
+            (":method", "POST"), (":path", "/v1/chat/completions"), (":scheme", "http"),
+            (":authority", f"127.0.0.1:{paced_sim.port}"), ("content-type", "application/json")])
+        conn.send_data(stream_id, body, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        data_frames = 0
+        while data_frames < 2:  # role chunk and first token: the request is running
+            data = sock.recv(65536)
+            assert data, "connection closed early"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    data_frames += 1
+                    conn.acknowledge_received_data(event.flow_controlled_length, stream_id)
+            sock.sendall(conn.data_to_send())
+        assert _gauge(paced_sim, "vllm:num_requests_running") == 1
+        conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        sock.sendall(conn.data_to_send())
+        _wait_until(lambda: _gauge(paced_sim, "vllm:num_requests_running") == 0, 5, "the slot to be freed")
 
 
 # -- process and in-process API ----------------------------------------------------------

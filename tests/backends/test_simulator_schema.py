@@ -215,13 +215,14 @@ def _numeric(draw, kind: str) -> dict:
 @st.composite
 def _string(draw) -> dict:
     schema: dict = {"type": "string"}
+    if draw(st.booleans()):  # a format, or length bounds (together they may be unsatisfiable)
+        schema["format"] = draw(st.sampled_from(["date-time", "date", "email", "uuid", "uri"]))
+        return schema
     low = draw(st.integers(min_value=0, max_value=30))
     if draw(st.booleans()):
         schema["minLength"] = low
     if draw(st.booleans()):
         schema["maxLength"] = low + draw(st.integers(min_value=0, max_value=30))
-    if draw(st.booleans()):
-        schema["format"] = draw(st.sampled_from(["date-time", "date", "email", "uuid", "uri"]))
     return schema
 
 

@@ -43,7 +43,8 @@ def test_routing_entries_policy_and_catch_all():
     assert pick["request_headers_to_remove"] == ["x-adapter-backend", "x-adapter-route-target"]
     meta = pick["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"]["grpc_initial_metadata"]
     assert {"key": "x-adapter-route", "value": "v1-analyze"} in meta
-    assert routes[2]["request_body_buffer_limit"] == 1024 * 1024
+    listener = render(snap, workers=3)["static_resources"]["listeners"][0]
+    assert listener["per_connection_buffer_limit_bytes"] == 1024 * 1024  # the largest route limit
     assert routes[-1]["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["disabled"] is True
     removed = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
     assert {"remove": "x-adapter-backend"} in removed  # clients cannot pick a backend themselves

@@ -59,6 +59,8 @@ async def replay(stub, route: str, requests, debug: str = "") -> list[pb.Process
         if reply.HasField("immediate_response"):
             break
     await call.done_writing()
+    while await call.read() is not grpc.aio.EOF:  # the handler has returned (and counted) after EOF
+        pass
     return replies
 
 
