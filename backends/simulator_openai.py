@@ -46,8 +46,14 @@ Engine model
     prefill_tokens_per_s``; every further token ``1 / decode_tokens_per_s``
     (sequences decode in parallel; a speed of 0 means instant).  TTFT is queue
     time plus prefill.  A request with ``n`` choices is one sequence group: one
-    slot, one KV reservation.  A client disconnect cancels the request and
-    frees its slot.
+    slot, one KV reservation.  A client disconnect (HTTP/1.1 connection close
+    or HTTP/2 RST_STREAM) cancels the request and frees its slot.
+
+Metrics
+    vLLM's names, one label set per engine (``model_name`` = the base model;
+    LoRA traffic counts under its base, as in vLLM).  ``vllm:request_success_total``
+    counts cancelled requests with ``finished_reason="abort"``.  With ``--lora``
+    the ``vllm:lora_requests_info`` gauge is exported too.
 """
 
 from __future__ import annotations
@@ -108,7 +114,7 @@ _JSON_OBJECT_SCHEMA = {
     "required": ["answer", "confidence", "simulated"],
 }
 
-# vLLM's bucket boundaries (vllm/engine/metrics.py).
+# Bucket boundaries modelled on vLLM's.
 _TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,

@@ -75,7 +75,10 @@ def instance_for(schema: dict | bool, seed: int) -> Any:
     Raises ``ValueError`` for schemas outside the supported subset that cannot
     be satisfied (``false``, remote ``$ref``, unbounded required recursion).
     """
-    return _Generator(schema, seed).generate(schema, 0)
+    try:
+        return _Generator(schema, seed).generate(schema, 0)
+    except RecursionError as exc:  # e.g. an allOf/anyOf that references itself
+        raise ValueError("schema recursion never reaches a value") from exc
 
 
 class _Generator:
@@ -114,6 +117,8 @@ class _Generator:
             return schema["const"]
         if "enum" in schema:
             choices = schema["enum"]
+            if "type" in schema:  # keep the members the declared type admits
+                choices = [v for v in choices if _has_type(v, schema["type"])] or choices
             if not choices:
                 raise ValueError("an empty `enum` has no valid instance")
             return choices[self._rng.randrange(len(choices))]
@@ -372,6 +377,21 @@ class _Generator:
 
 
 # -- helpers -----------------------------------------------------------------
+
+
+def _has_type(value: Any, declared: Any) -> bool:
+    names = [declared] if isinstance(declared, str) else list(declared)
+    checks = {
+        "null": value is None,
+        "boolean": isinstance(value, bool),
+        "integer": isinstance(value, int) and not isinstance(value, bool)
+        or isinstance(value, float) and value.is_integer(),
+        "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "string": isinstance(value, str),
+        "array": isinstance(value, list),
+        "object": isinstance(value, dict),
+    }
+    return any(checks.get(name, False) for name in names)
 
 
 def _extra_schema(additional: Any) -> Any:

@@ -85,6 +85,7 @@ CORPUS: dict[str, dict | bool] = {
     "string_lengths": {"type": "string", "minLength": 40, "maxLength": 45},
     "short_string": {"type": "string", "maxLength": 3},
     "string_enum": {"type": "string", "enum": ["buy", "sell", "hold"]},
+    "typed_mixed_enum": {"type": "integer", "enum": ["one", 2, None, 3.0]},
     "const": {"const": {"fixed": [1, 2]}},
     "formats": {
         "type": "object",
@@ -183,6 +184,7 @@ def test_recursion_stops_and_keeps_required_members() -> None:
     False,
     {"$ref": "https://example.com/schema.json"},
     {"$ref": "#/$defs/missing"},
+    {"$defs": {"self": {"allOf": [{"$ref": "#/$defs/self"}]}}, "$ref": "#/$defs/self"},
     {"$defs": {"loop": {"type": "object", "properties": {"x": {"$ref": "#/$defs/loop"}}, "required": ["x"]}},
      "$ref": "#/$defs/loop"},
 ])

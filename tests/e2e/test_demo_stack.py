@@ -37,6 +37,9 @@ def test_brief_route_returns_the_voucher(stack):
     assert r.headers["content-type"] == "application/json"
     doc = r.json()
     assert set(doc) == {"voucher"} and set(doc["voucher"]) == {"amount", "account"}
+    # the example's outputSchema types the fields: the model (simulator) honours it
+    assert isinstance(doc["voucher"]["amount"], (int, float)) and doc["voucher"]["amount"] >= 0
+    assert doc["voucher"]["account"] in ("6001-主营业务收入", "6051-其他业务收入")
     # the simulator answers deterministically: the same question gives the same voucher
     again = httpx.post(f"{stack.url}/v1/analyze", content='{"query":"计算Q3营收"}'.encode(), timeout=10)
     assert again.json() == doc
@@ -100,3 +103,12 @@ def test_debug_header_reports_the_backend_request(stack):
     assert sent["model"] == "qwen2.5-finance" and sent["response_format"]["type"] == "json_schema"
     plain = httpx.post(f"{stack.url}/v1/analyze", content=b'{"query":"q"}', timeout=10)
     assert "x-adapter-backend-request" not in plain.headers
+
+
+def test_the_brief_example_verbatim_works_end_to_end(stack_factory):
+    """tests/data/brief-example.yaml is the brief's text unchanged: untyped output fields."""
+    from tests.conftest import BRIEF_EXAMPLE
+
+    st = stack_factory(BRIEF_EXAMPLE, simulate=True)
+    r = httpx.post(f"{st.url}/v1/analyze", content='{"query":"计算Q3营收"}'.encode(), timeout=10)
+    assert r.status_code == 200 and set(r.json()["voucher"]) == {"amount", "account"}
