@@ -138,7 +138,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"  route      {r.path} ({r.kind})")
     print(f"  envoy config {stack.envoy_config}")
     print("Try:  curl -s localhost:%d/v1/analyze -d '{\"query\":\"计算Q3营收\"}'" % snap.listener.port)
-    print("Ctrl-C stops everything.", flush=True)
+    print("Ctrl-C stops everything; SIGHUP reloads the config into the processor.", flush=True)
+    signal.signal(signal.SIGHUP, lambda *_: stack.supervisor.reload())
     _wait_for_signals(stack.stop)
     print("stopped.", file=sys.stderr)
     return 0
