@@ -70,9 +70,12 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    bound = server.add_insecure_port(f"{settings.address}:{settings.port}")
+    try:
+        bound = server.add_insecure_port(f"{settings.address}:{settings.port}")
+    except RuntimeError:  # grpcio raises instead of returning 0 in recent versions
+        bound = 0
     if not bound:
-        raise OSError(f"worker {settings.index}: cannot bind {settings.address}:{settings.port}")
+        raise OSError(f"cannot bind {settings.address}:{settings.port} (in use, or not a local address)")
     await server.start()
     for name in ("", SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)

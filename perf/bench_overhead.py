@@ -390,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     conns = [int(c) for c in args.connections.split(",") if c.strip()]
     workers = args.workers or os.cpu_count() or 1
     envoy_concurrency = min(workers, 4)  # what Stack gives the gateway's Envoy; the bare one gets the same
-    command = "python perf/bench_overhead.py " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    command = " ".join([".venv/bin/python perf/bench_overhead.py",
+                        *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
 
     # SIGTERM unwinds like Ctrl-C, so the finally below stops everything.
     def _on_sigterm(*_: object) -> None:
