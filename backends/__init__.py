@@ -12,6 +12,8 @@ from typing import Mapping
 
 
 def adapter_kinds() -> Mapping[str, type]:
-    from backends.openai import OpenAIAdapter
+    from backends.kserve import OnnxRuntimeAdapter, TritonAdapter
+    from backends.openai import OpenAIAdapter, VllmAdapter
 
-    return MappingProxyType({OpenAIAdapter.kind: OpenAIAdapter})
+    kinds = (OpenAIAdapter, VllmAdapter, TritonAdapter, OnnxRuntimeAdapter)
+    return MappingProxyType({k.kind: k for k in kinds})

@@ -1,8 +1,14 @@
 """The backend adapter contract: how the processor speaks one model server's API.
 
-What: `encode_llm` turns a route's client document into the backend request (path and JSON body);
-`decode_llm` turns the backend's response into the document a route's transform reads:
-`{"output": <model output>, "model": ..., "usage": {...}, "response": <raw backend JSON>}`.
+What every adapter provides (checked for all kinds by tests/backends/test_contract.py on the same
+golden fixtures):
+- `encode(route, doc)`: the route's client document -> the backend request (path, JSON body);
+- `decode(route, status, body)`: the backend's response -> the document a route's transform reads,
+  `{"output": <model output>, "model": ..., "usage": {...}, "response": <raw backend JSON>}`;
+- `usage(response_doc)`: tokens and batch size for metrics and quotas;
+- `default_health_path`: what the health probe asks for;
+- `metric_names`: the backend's own Prometheus metric names for queue depth, running requests and
+  KV-cache / GPU use (data, not code, as in the endpoint picker's engine tables).
 Why: the processor's stages stay protocol-agnostic; each backend's wire details live in one file.
 Cost: encode/decode run on the request path: one JSON render and one JSON parse per request.
 """
@@ -10,7 +16,7 @@ Cost: encode/decode run on the request path: one JSON render and one JSON parse 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Mapping, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,8 +26,22 @@ class EncodedRequest:
     content_type: str = "application/json"
 
 
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What one request consumed: tokens for LLMs, batch size for tensor models."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    batch_size: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
 class InputError(ValueError):
-    """The client's document cannot be mapped (for example a request-template path is missing): 400."""
+    """The client's document cannot be mapped (a request-template path is missing, a tensor has the
+    wrong shape): 400 naming the field."""
 
     def __init__(self, code: str, message: str, path: str | None = None):
         super().__init__(message)
@@ -29,7 +49,7 @@ class InputError(ValueError):
 
 
 class BackendError(RuntimeError):
-    """The backend answered with an error or with something the route cannot map: 502 (or its 4xx)."""
+    """The backend answered with something the route cannot map: 502 naming the backend."""
 
     def __init__(self, status: int, code: str, message: str, path: str | None = None):
         super().__init__(message)
@@ -38,8 +58,13 @@ class BackendError(RuntimeError):
 
 class BackendAdapter(Protocol):
     kind: ClassVar[str]
+    api: ClassVar[str]  # "openai" or "kserve": which client-facing API paths pass through to it
     default_health_path: ClassVar[str]
+    metric_names: ClassVar[Mapping[str, tuple[str, ...]]]
 
-    def encode_llm(self, route: Any, doc: Any) -> EncodedRequest: ...
+    def encode(self, route: Any, doc: Any, metadata: Mapping[str, Any] | None = None) -> EncodedRequest:
+        """`metadata`: the model's KServe metadata when the route fetched it (tensor routes)."""
 
-    def decode_llm(self, route: Any, status: int, body: bytes) -> dict[str, Any]: ...
+    def decode(self, route: Any, status: int, body: bytes) -> dict[str, Any]: ...
+
+    def usage(self, response: Any) -> Usage: ...

@@ -15,11 +15,12 @@ the backend response and one of the model's content.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from types import MappingProxyType
+from typing import Any, ClassVar, Mapping
 
 import orjson
 
-from backends.base import BackendError, EncodedRequest, InputError
+from backends.base import BackendError, EncodedRequest, InputError, Usage
 from extproc.template import MissingPathError
 
 PROMPT_FIELDS = ("query", "prompt", "input", "question", "text")
@@ -28,10 +29,12 @@ SYSTEM_PROMPT = "Answer with a single JSON object that matches the requested sch
 
 class OpenAIAdapter:
     kind: ClassVar[str] = "openai"
+    api: ClassVar[str] = "openai"
     default_health_path: ClassVar[str] = "/health"
     chat_path: ClassVar[str] = "/v1/chat/completions"
+    metric_names: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})  # a generic server exports none
 
-    def encode_llm(self, route: Any, doc: Any) -> EncodedRequest:
+    def encode(self, route: Any, doc: Any, metadata: Any = None) -> EncodedRequest:
         if route.request is not None:
             try:
                 body = route.request.render(doc)
@@ -62,7 +65,14 @@ class OpenAIAdapter:
             messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
         return messages
 
-    def decode_llm(self, route: Any, status: int, body: bytes) -> dict[str, Any]:
+    def usage(self, response: Any) -> Usage:
+        """Token counts from a chat/completions response or the final usage chunk of a stream."""
+        u = response.get("usage") if isinstance(response, dict) else None
+        if not isinstance(u, dict):
+            return Usage()
+        return Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0))
+
+    def decode(self, route: Any, status: int, body: bytes) -> dict[str, Any]:
         try:
             resp = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:
@@ -88,3 +98,20 @@ class OpenAIAdapter:
                 raise BackendError(502, "model_output_not_json",
                                    f"model output is not the requested JSON: {snippet!r}") from None
         return {"output": output, "model": resp.get("model"), "usage": resp.get("usage"), "response": resp}
+
+
+class VllmAdapter(OpenAIAdapter):
+    """vLLM's OpenAI-compatible server: the same wire API, plus its engine metrics for scheduling.
+
+    vLLM specifics the gateway passes through untouched: `priority` (lower runs earlier), LoRA
+    adapters addressed by `model` name, `stream_options.include_usage`.
+    """
+
+    kind: ClassVar[str] = "vllm"
+    metric_names: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({
+        "queue_depth": ("vllm:num_requests_waiting",),
+        "running": ("vllm:num_requests_running",),
+        # renamed in vLLM 0.10 (PR #18354); scrape both
+        "kv_cache_utilisation": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "time_to_first_token": ("vllm:time_to_first_token_seconds",),
+    })

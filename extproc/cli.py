@@ -45,8 +45,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"{args.file}: valid AdapterGateway {snap.name!r}: {len(routes)} route(s), "
           f"{len(snap.backends)} backend(s), {len(snap.tenants)} tenant(s)")
     for r in routes:
-        extra = f" model={r.model}" if r.kind == "llm" else ""
-        print(f"  route {r.name}: {r.path} -> {r.backend.name} ({r.kind}{extra}, failureMode={r.failure_mode})")
+        extra = f" model={r.model}" if r.kind in ("llm", "tensor") else ""
+        path = r.path + ("*" if r.match == "prefix" else "")
+        targets = ", ".join(b.name for b in r.backends)
+        print(f"  route {r.name}: {path} -> {targets} ({r.kind}{extra}, failureMode={r.failure_mode})")
     for b in snap.backends.values():
         eps = ", ".join(f"{h}:{p}" for h, p in b.endpoints)
         print(f"  backend {b.name}: {b.kind} over {b.protocol} at {eps}" + (" (implicit)" if b.implicit else ""))

@@ -54,11 +54,18 @@ def processing_mode(route: Route) -> dict[str, str]:
     `:path`, content-type, or an error status. A buffered body therefore always brings its headers.
     """
     phases = route.pipeline.phases if route.pipeline is not None else frozenset()
+    streamed = route.pipeline.streamed if route.pipeline is not None else frozenset()
+
+    def body(phase: Phase) -> str:
+        if phase not in phases:
+            return "NONE"
+        return "STREAMED" if phase in streamed else "BUFFERED"
+
     return {
         "request_header_mode": "SEND" if phases & {Phase.REQUEST_HEADERS, Phase.REQUEST_BODY} else "SKIP",
         "response_header_mode": "SEND" if phases & {Phase.RESPONSE_HEADERS, Phase.RESPONSE_BODY} else "SKIP",
-        "request_body_mode": "BUFFERED" if Phase.REQUEST_BODY in phases else "NONE",
-        "response_body_mode": "BUFFERED" if Phase.RESPONSE_BODY in phases else "NONE",
+        "request_body_mode": body(Phase.REQUEST_BODY),
+        "response_body_mode": body(Phase.RESPONSE_BODY),
     }
 
 
@@ -95,7 +102,7 @@ def _backend_route(route: Route, backend: Backend) -> dict[str, Any]:
 def _client_route(route: Route) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": route.name,
-        "match": {"path": route.path},
+        "match": {"prefix" if route.match == "prefix" else "path": route.path},
         "typed_per_filter_config": _ext_proc_per_route(route),
     }
     if route.backend is None:  # answered by the processor; reached only if it is down
@@ -196,9 +203,11 @@ def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
     routes = [r for r in snap.routes.values()]
     entries: list[dict[str, Any]] = []
     for r in routes:
-        if r.backend is not None:
-            entries.append(_backend_route(r, r.backend))
-    for r in routes:
+        for b in r.backends:
+            entries.append(_backend_route(r, b))
+    # exact paths first, then prefixes longest first: the most specific route wins
+    ordered = sorted(routes, key=lambda r: (r.match == "prefix", -len(r.path) if r.match == "prefix" else 0))
+    for r in ordered:
         entries.append(_client_route(r))
     entries.append({
         "name": "not-found",

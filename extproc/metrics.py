@@ -16,6 +16,8 @@ Cost: a counter or histogram update is about 1 to 3 us in multiprocess mode; thr
 | adapter_processor_phase_duration_seconds | histogram | route, phase (processor time per message) |
 | adapter_processor_streams_active | gauge | (live sum over workers) |
 | adapter_processor_config_generation | gauge | (max over workers) |
+| adapter_processor_tokens_total | counter | route, backend, model, tenant, type (prompt, completion) |
+| adapter_processor_batch_size | histogram | route, backend, model (tensor routes) |
 """
 
 from __future__ import annotations
@@ -41,5 +43,10 @@ class ProcessorMetrics:
                                         ["route", "phase"], buckets=LATENCY_BUCKETS, registry=registry)
         self.streams_active = Gauge(f"{ns}_streams_active", "ext_proc streams open now",
                                     registry=registry, multiprocess_mode="livesum")
+        self.tokens = Counter(f"{ns}_tokens", "tokens used, from backend usage reports",
+                              ["route", "backend", "model", "tenant", "type"], registry=registry)
+        self.batch_size = Histogram(f"{ns}_batch_size", "batch size of tensor requests",
+                                    ["route", "backend", "model"], buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+                                    registry=registry)
         self.config_generation = Gauge(f"{ns}_config_generation", "generation of the config snapshot in use",
                                        registry=registry, multiprocess_mode="max")

@@ -45,7 +45,7 @@ def reject(status: int, code: str, message: str, **extra: Any) -> Reject:
 class Pipeline:
     """Stages bound per phase. Immutable after construction; shared by all streams of a route."""
 
-    __slots__ = ("stages", "_hooks")
+    __slots__ = ("stages", "_hooks", "streamed")
 
     def __init__(self, stages: Iterable[Any]):
         self.stages = tuple(stages)
@@ -64,6 +64,9 @@ class Pipeline:
                 fn = getattr(stage, attr)
                 hooks.setdefault(phase, []).append((name, fn, inspect.iscoroutinefunction(fn)))
         self._hooks = {p: tuple(h) for p, h in hooks.items()}
+        # Body phases some stage wants chunk by chunk (`streams = (Phase.RESPONSE_BODY,)` on the
+        # stage class) instead of buffered whole: Envoy's STREAMED mode, for SSE.
+        self.streamed = frozenset(p for stage in self.stages for p in getattr(stage, "streams", ()))
 
     @property
     def phases(self) -> frozenset[Phase]:

@@ -55,6 +55,18 @@ class ExtProcService:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def _record_usage(self, state: RequestState, label: str, usage: Any) -> None:
+        m = self.metrics
+        backend = state.backend or "none"
+        model = state.attrs.get("model") or (state.route.model if state.route else None) or "unknown"
+        tenant = state.tenant or "none"
+        if usage.prompt_tokens:
+            self._child(m.tokens, label, backend, model, tenant, "prompt").inc(usage.prompt_tokens)
+        if usage.completion_tokens:
+            self._child(m.tokens, label, backend, model, tenant, "completion").inc(usage.completion_tokens)
+        if usage.batch_size:
+            self._child(m.batch_size, label, backend, model).observe(usage.batch_size)
+
     async def Process(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
         snap = self.config.current
         route_name = debug = request_id = None
@@ -106,6 +118,9 @@ class ExtProcService:
             log.exception("stream for route %s failed", label)
             raise
         finally:
+            usage = state.attrs.get("usage")
+            if usage is not None:
+                self._record_usage(state, label, usage)
             m.streams_active.dec()
             self._child(m.requests, label, outcome).inc()
             self._child(m.request_duration, label).observe(busy)

@@ -59,29 +59,50 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
 
     default_model = model_name(spec.model_ref)
     routes: dict[str, Route] = {}
-    paths: dict[str, int] = {}
+    paths: dict[tuple[str, str], int] = {}
     for i, r in enumerate(spec.routes):
         base = ("spec", "routes", i)
         name = r.name or route_name_from_path(r.path)
         if name in routes or name == HEALTH_ROUTE:
             issue(base + ("name",), f"duplicate route name {name!r} (set a distinct `name`)")
             continue
-        if r.path in paths or r.path == HEALTH_PATH:
-            other = f"routes[{paths[r.path]}]" if r.path in paths else "the built-in health route"
+        key = (r.path, r.match)
+        if key in paths or r.path == HEALTH_PATH:
+            other = f"routes[{paths[key]}]" if key in paths else "the built-in health route"
             issue(base + ("path",), f"path {r.path!r} is already used by {other}")
             continue
-        paths[r.path] = i
+        paths[key] = i
         kind = r.kind or ("llm" if (r.request or r.transform) else "passthrough")
-        backend = _resolve_target(r, i, backends, spec.protocol, kinds, issue)
-        if backend is None:
+        if r.target and r.targets:
+            issue(base + ("targets",), "set target or targets, not both")
             continue
-        if kind == "passthrough" and (r.request or r.transform or r.output_schema):
-            issue(base + ("kind",), "a passthrough route forwards bodies as they are: request, transform and "
-                  "outputSchema need kind: llm")
+        targets = r.targets or (r.target,)
+        resolved = [_resolve_target(t, base + (("targets", j) if r.targets else ("target",)), backends,
+                                    spec.protocol, kinds, issue, r.policy.timeout)
+                    for j, t in enumerate(targets)]
+        if any(b is None for b in resolved):
+            continue
+        backend = resolved[0]
+        if kind in ("passthrough", "openai", "kserve") and (r.request or r.transform or r.output_schema):
+            issue(base + ("kind",), f"a {kind} route forwards bodies as they are: request, transform and "
+                  "outputSchema need kind: llm or tensor")
+            continue
+        wanted_api = {"llm": "openai", "openai": "openai", "kserve": "kserve", "tensor": "kserve"}.get(kind)
+        wrong = [b.name for b in resolved if wanted_api and b.adapter.api != wanted_api]
+        if wrong:
+            issue(base + ("kind",), f"a {kind} route needs {wanted_api} backends; {', '.join(wrong)} "
+                  f"speak{'s' if len(wrong) == 1 else ''} another API (see backends[].kind)")
+            continue
+        if kind in ("llm", "tensor") and len(resolved) > 1:
+            issue(base + ("targets",), f"a {kind} route has one target")
+            continue
+        if r.match == "prefix" and kind in ("llm", "tensor"):
+            issue(base + ("match",), f"a {kind} route maps one endpoint: use match: exact")
             continue
         model = r.model or default_model or (backend.models[0] if backend.models else None)
-        if kind == "llm" and model is None:
-            issue(base + ("model",), "an llm route needs a model: set route.model, spec.modelRef or the backend's models")
+        if kind in ("llm", "tensor") and model is None:
+            issue(base + ("model",), f"an {kind} route needs a model: set route.model, spec.modelRef or the "
+                  "backend's models")
             continue
         request = _compile(r.request, base + ("request",), issues)
         transform = _compile(r.transform, base + ("transform",), issues)
@@ -96,7 +117,8 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         route = Route(
             name=name, path=r.path, kind=kind, backend=backend, model=model, request=request,
             transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,
-            max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout,
+            max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
+            backends=tuple(dict.fromkeys(resolved)),
         )
         routes[name] = _with_pipeline(route, build_pipeline, base, issue)
 
@@ -132,9 +154,8 @@ def _with_pipeline(route: Route, build_pipeline: Any, path: tuple, issue: Any) -
         return route
 
 
-def _resolve_target(r: RouteSpec, i: int, backends: dict[str, Backend], protocol: str, kinds: Any, issue: Any):
-    path = ("spec", "routes", i, "target")
-    target = r.target
+def _resolve_target(target: str | None, path: tuple, backends: dict[str, Backend], protocol: str, kinds: Any,
+                    issue: Any, timeout: float):
     if target is None:
         declared = [b for b in backends.values() if not b.implicit]
         if len(declared) == 1:
@@ -160,7 +181,7 @@ def _resolve_target(r: RouteSpec, i: int, backends: dict[str, Backend], protocol
     adapter = kinds["openai"]()
     backend = Backend(
         name=name, kind="openai", protocol=protocol, endpoints=((host, port),), models=(),
-        health_path=adapter.default_health_path, timeout=r.policy.timeout, implicit=True, adapter=adapter,
+        health_path=adapter.default_health_path, timeout=timeout, implicit=True, adapter=adapter,
     )
     backends[name] = backend
     return backend

@@ -116,7 +116,7 @@ class ProcessorSpec(_Model):
 class BackendSpec(_Model):
     """A model server reachable through Envoy. `kind` names the wire API, `protocol` the transport."""
     name: Annotated[str, Field(pattern=DNS_LABEL)]
-    kind: Literal["openai"] = "openai"
+    kind: Literal["openai", "vllm", "triton", "onnxruntime"] = "openai"
     protocol: Literal["http", "grpc"] | None = None  # default: spec.protocol
     endpoints: Annotated[tuple[str, ...], Field(min_length=1)]
     models: tuple[str, ...] = ()
@@ -138,12 +138,22 @@ class RoutePolicy(_Model):
     timeout: Duration = 60.0  # upstream request timeout (Envoy route timeout)
 
 
+RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor"]
+
+
 class RouteSpec(_Model):
-    """One client-facing path. `kind: llm` adapts JSON in and out; `passthrough` forwards as is."""
+    """One client-facing path (or path prefix) and what the processor does with its requests.
+
+    Kinds: `llm` adapts JSON in and out of a chat model; `passthrough` forwards as is; `openai`
+    serves the OpenAI API (model-based dispatch, streaming, token usage); `kserve` passes KServe v2
+    paths through to the backend serving the model; `tensor` maps JSON to a model's input tensors.
+    """
     path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")]
+    match: Literal["exact", "prefix"] = "exact"  # prefix: every path starting with `path`
     name: Annotated[str, Field(pattern=DNS_LABEL)] | None = None  # default: derived from path
-    kind: Literal["llm", "passthrough"] | None = None  # default: llm when request/transform given
+    kind: RouteKind | None = None  # default: llm when request/transform given, else passthrough
     target: str | None = None  # backend name, or host:port (an implicit backend); default: the only backend
+    targets: tuple[str, ...] = ()  # several backends (openai, kserve kinds: dispatch by model)
     model: str | None = None  # default: spec.modelRef
     request: str | None = None  # template: client JSON -> backend request body
     transform: str | None = None  # template: backend output document -> client response

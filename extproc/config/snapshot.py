@@ -45,8 +45,8 @@ class Backend:
 class Route:
     name: str
     path: str
-    kind: str  # "llm" | "passthrough" | "health"
-    backend: Backend | None
+    kind: str  # "llm" | "passthrough" | "openai" | "kserve" | "tensor" | "health"
+    backend: Backend | None  # the default (first) target
     model: str | None
     request: Any  # extproc.template.Template | None
     transform: Any  # extproc.template.Template | None
@@ -55,6 +55,26 @@ class Route:
     max_body_bytes: int
     timeout: float
     pipeline: Any = None  # extproc.pipeline.Pipeline
+    match: str = "exact"  # or "prefix"
+    backends: tuple[Backend, ...] = ()  # every target; backend is backends[0]
+
+    def backend_for_model(self, model: str | None) -> Backend | None:
+        """The first target serving `model` (a backend with no models listed serves any)."""
+        for b in self.backends:
+            if not b.models or model in b.models:
+                return b
+        return None
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Models reachable through this route, in target order, without duplicates."""
+        seen: dict[str, None] = {}
+        for b in self.backends:
+            for m in b.models:
+                seen.setdefault(m, None)
+        if self.model:
+            seen.setdefault(self.model, None)
+        return tuple(seen)
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,8 @@ class Snapshot:
 
         backends = {n: replace(b, endpoints=overrides.get(n, b.endpoints)) for n, b in self.backends.items()}
         routes = {
-            n: replace(r, backend=backends[r.backend.name] if r.backend else None) for n, r in self.routes.items()
+            n: replace(r, backend=backends[r.backend.name] if r.backend else None,
+                       backends=tuple(backends[b.name] for b in r.backends))
+            for n, r in self.routes.items()
         }
         return replace(self, backends=backends, routes=routes)

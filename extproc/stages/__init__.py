@@ -4,6 +4,9 @@ Route kinds and their stages (the phases listed are exactly what Envoy is config
 - `llm`: request headers -> `body_limit`; request body -> `body_limit`, `parse_json`,
   `encode_request`; response headers and body -> `decode_response`.
 - `passthrough`: request headers -> `body_limit`, `select_backend`.
+- `openai`: request headers and body, response headers and (streamed) body -> `openai_api`.
+- `kserve`: request headers -> `body_limit`, `kserve_dispatch`.
+- `tensor`: like `llm`, with `model_metadata` before `encode_request` (KServe backends).
 - `health`: request headers -> `health`.
 """
 
@@ -16,6 +19,9 @@ from extproc.stages.body_limit import BodyLimit
 from extproc.stages.decode_response import DecodeResponse
 from extproc.stages.encode_request import EncodeRequest
 from extproc.stages.health import Health
+from extproc.stages.kserve_dispatch import KServeDispatch
+from extproc.stages.model_metadata import ModelMetadata
+from extproc.stages.openai_api import OpenAIApi
 from extproc.stages.parse_json import ParseJson
 from extproc.stages.select_backend import SelectBackend
 
@@ -25,6 +31,12 @@ def build_pipeline(route: Any) -> Pipeline:
         return Pipeline([BodyLimit(), ParseJson(), EncodeRequest(), DecodeResponse()])
     if route.kind == "passthrough":
         return Pipeline([BodyLimit(), SelectBackend()])
+    if route.kind == "openai":
+        return Pipeline([BodyLimit(), OpenAIApi()])
+    if route.kind == "kserve":
+        return Pipeline([BodyLimit(), KServeDispatch()])
+    if route.kind == "tensor":
+        return Pipeline([BodyLimit(), ParseJson(), ModelMetadata(), EncodeRequest(), DecodeResponse()])
     if route.kind == "health":
         return Pipeline([Health()])
     raise ValueError(f"no pipeline for route kind {route.kind!r}")

@@ -40,10 +40,11 @@ class DecodeResponse:
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         route = state.route
         try:
-            doc = route.backend.adapter.decode_llm(route, state.response_status or 200, msg.body)
+            doc = route.backend.adapter.decode(route, state.response_status or 200, msg.body)
         except BackendError as e:
             return reject(e.status, e.code, e.message, backend=route.backend.name, route=route.name,
                           request_id=state.request_id)
+        state.attrs["usage"] = route.backend.adapter.usage(doc["response"])
         if route.transform is None:
             body = orjson.dumps(doc["output"])
         else:

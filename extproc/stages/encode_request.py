@@ -22,7 +22,7 @@ class EncodeRequest:
         route = state.route
         backend = route.backend
         try:
-            encoded = backend.adapter.encode_llm(route, state.input_doc)
+            encoded = backend.adapter.encode(route, state.input_doc, state.attrs.get("model_metadata"))
         except InputError as e:
             return reject(400, e.code, e.message, path=e.path, route=route.name, request_id=state.request_id)
         state.backend = backend.name

@@ -1,0 +1,142 @@
+"""Stage `openai-api`: the OpenAI API (vLLM) through the gateway, with model dispatch and token usage.
+
+What, per request on an `openai` route (for example `path: /v1/, match: prefix`):
+- `GET .../models` is answered by the processor: the models every target serves (LoRA names
+  included), in OpenAI's list format;
+- a JSON body's `model` picks the target serving it (404 naming the served models otherwise); the
+  body is forwarded byte for byte, except that a streaming request without
+  `stream_options.include_usage` gets it added, so usage can be counted; that extra final usage
+  chunk is then removed from the stream again so the client sees what it asked for;
+- error responses pass through untouched (no body phase); successful ones are read chunk by chunk
+  (Envoy STREAMED mode: an SSE stream reaches the client event by event, never buffered whole)
+  and their usage is counted in `adapter_processor_tokens_total{route,backend,model,tenant,type}`.
+vLLM specifics (`priority`, LoRA adapters as `model`, `stream_options`) pass through unchanged.
+Cost: one JSON parse of the request; per response chunk a scan for `"usage"` (events without it are
+not parsed); one extra round trip per chunk, which is the price of seeing the stream.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+
+from extproc.config.snapshot import BACKEND_HEADER, ROUTE_TARGET_HEADER
+from extproc.pipeline import reject
+from extproc.stages.body_limit import check_length
+from extproc.types import CONTINUE, HttpMessage, Mutate, Phase, Reject, RequestState, Verdict
+
+USAGE_LIMIT = 8 * 1024 * 1024  # non-streamed JSON responses larger than this are not parsed for usage
+
+
+def route_to(state: RequestState, backend) -> Mutate:
+    state.backend = backend.name
+    return Mutate(set_headers=((BACKEND_HEADER, backend.name), (ROUTE_TARGET_HEADER, state.route.name)),
+                  clear_route_cache=True)
+
+
+class OpenAIApi:
+    name = "openai-api"
+    streams = (Phase.RESPONSE_BODY,)
+
+    def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
+        headers = msg.headers or {}
+        path = headers.get(":path", "").split("?", 1)[0]
+        method = headers.get(":method", "GET")
+        if method == "GET" and path.rstrip("/").endswith("/models"):
+            return self._models(state)
+        if msg.end_of_stream:  # no body to read a model from: the route's default backend
+            return route_to(state, state.route.backend)
+        return None
+
+    def _models(self, state: RequestState) -> Reject:
+        created = int(time.time())
+        data = [{"id": m, "object": "model", "created": created, "owned_by": "adapter-gateway",
+                 "backend": (state.route.backend_for_model(m) or state.route.backend).name}
+                for m in state.route.models]
+        return Reject(200, orjson.dumps({"object": "list", "data": data}), "models")
+
+    def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
+        route = state.route
+        too_large = check_length(state, len(msg.body))
+        if too_large is not None:
+            return too_large
+        try:
+            body = orjson.loads(msg.body) if msg.body.strip() else {}
+        except orjson.JSONDecodeError as e:
+            return _openai_error(400, "malformed_json", f"request body is not valid JSON: {e}", state)
+        if not isinstance(body, dict):
+            return _openai_error(400, "invalid_request", "request body must be a JSON object", state)
+        model = body.get("model")
+        backend = route.backend_for_model(model) if model is not None else route.backend
+        if backend is None:
+            served = ", ".join(route.models) or "none"
+            return _openai_error(404, "model_not_found", f"The model `{model}` does not exist on this gateway "
+                                 f"(served: {served}).", state, param="model")
+        state.attrs["model"] = model or (backend.models[0] if backend.models else route.model) or "unknown"
+        verdict = route_to(state, backend)
+        if body.get("stream") is True:
+            options = body.get("stream_options") or {}
+            if not options.get("include_usage"):
+                body["stream_options"] = {**options, "include_usage": True}
+                state.attrs["strip_usage"] = True
+                return Mutate(verdict.set_headers, ("content-length",), orjson.dumps(body), True)
+        return verdict
+
+    def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
+        status = state.response_status or 0
+        if state.backend is None or status >= 300:
+            return Mutate(skip_body=True)  # errors (the backend's or Envoy's own) pass as they are
+        ctype = (msg.headers or {}).get("content-type", "")
+        state.attrs["sse"] = ctype.startswith("text/event-stream")
+        state.attrs["pending"] = b""
+        return None
+
+    def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
+        if state.attrs.get("sse"):
+            return self._sse_chunk(state, msg)
+        pending = state.attrs["pending"]
+        if len(pending) + len(msg.body) <= USAGE_LIMIT:
+            state.attrs["pending"] = pending + msg.body
+        if msg.end_of_stream:
+            try:
+                self._count(state, orjson.loads(state.attrs["pending"]))
+            except orjson.JSONDecodeError:
+                pass
+        return CONTINUE
+
+    def _sse_chunk(self, state: RequestState, msg: HttpMessage) -> Verdict:
+        """Count usage from complete SSE events; drop the usage-only event we asked for ourselves."""
+        data = state.attrs["pending"] + msg.body
+        head, sep, rest = data.rpartition(b"\n\n")
+        state.attrs["pending"] = rest if sep else data
+        if not sep or b'"usage"' not in head:
+            return CONTINUE
+        body = msg.body
+        for event in head.split(b"\n\n"):
+            if b'"usage"' not in event or not event.startswith(b"data: {"):
+                continue
+            try:
+                chunk = orjson.loads(event[6:])
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(chunk, dict) or not chunk.get("usage"):
+                continue
+            self._count(state, chunk)
+            # Only an event wholly inside this chunk can be dropped (earlier bytes already went out).
+            if state.attrs.get("strip_usage") and chunk.get("choices") == [] and event + b"\n\n" in body:
+                body = body.replace(event + b"\n\n", b"", 1)
+        return Mutate(body=body) if body is not msg.body else CONTINUE
+
+    @staticmethod
+    def _count(state: RequestState, response) -> None:
+        usage = state.route.backend.adapter.usage(response)
+        state.attrs["usage"] = usage
+
+
+def _openai_error(status: int, code: str, message: str, state: RequestState, param: str | None = None) -> Reject:
+    """OpenAI's error shape (what the `openai` client parses), plus our route and request id."""
+    body = {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
+                      "param": param, "code": code, "status": status, "route": state.route.name,
+                      "request_id": state.request_id}}
+    return Reject(status, orjson.dumps(body), code)

@@ -1,0 +1,103 @@
+"""The `openai` route kind end to end: model dispatch over two vLLM simulators, streaming, usage.
+
+The backends are OpenAI API *simulators* (backends/simulator_openai.py) decoding at 40 tokens/s,
+so a streamed answer takes about a second to produce and the timing of its chunks is observable.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+CONFIG = REPO / "examples" / "inference-backends.yaml"
+
+
+@pytest.fixture(scope="module")
+def stack():
+    from tests.e2e.conftest import make_stack
+
+    st = make_stack(CONFIG, simulate=frozenset({"vllm-finance", "vllm-general"}),
+                    simulator_args=("--decode-tokens-per-s", "40"))
+    st.start()
+    yield st
+    st.stop()
+
+
+@pytest.fixture
+def client(stack):
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def metric(stack, name: str, **labels) -> float:
+    for line in httpx.get(f"{stack.processor_admin_url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_models_lists_what_the_gateway_serves(client):
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["qwen2.5-finance", "fin-lora", "llama-3-8b"]
+
+
+def test_requests_go_to_the_backend_serving_the_model(stack, client):
+    for model, backend in (("llama-3-8b", "vllm-general"), ("fin-lora", "vllm-finance")):
+        before = metric(stack, "adapter_processor_tokens_total", backend=backend, model=model, type="completion")
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert r.model == model and r.usage.completion_tokens == 3
+        after = metric(stack, "adapter_processor_tokens_total", backend=backend, model=model, type="completion")
+        assert after - before == 3  # usage counted per route, backend and model
+
+
+def test_unknown_model_is_a_404_the_client_understands(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+    assert "gpt-9" in str(e.value) and "llama-3-8b" in str(e.value)
+
+
+def test_stream_arrives_chunk_by_chunk_and_usage_is_counted(stack, client):
+    before = metric(stack, "adapter_processor_tokens_total", model="llama-3-8b", type="completion")
+    started = time.perf_counter()
+    arrivals, text = [], ""
+    stream = client.chat.completions.create(model="llama-3-8b", messages=[{"role": "user", "content": "tell"}],
+                                            max_tokens=40, stream=True)
+    for chunk in stream:
+        arrivals.append(time.perf_counter() - started)
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+        else:
+            pytest.fail("a usage-only chunk reached a client that did not ask for it")
+    total = arrivals[-1]
+    # 40 tokens at 40 tokens/s: the first token arrives long before the backend produced the last
+    assert total > 0.6 and arrivals[1] < total / 4, arrivals
+    assert len(text.split()) == 40
+    counted = metric(stack, "adapter_processor_tokens_total", model="llama-3-8b", type="completion") - before
+    assert counted == 40  # from the usage chunk the processor asked for and then removed
+
+
+def test_client_requested_usage_is_kept(client):
+    chunks = list(client.chat.completions.create(
+        model="qwen2.5-finance", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
+def test_completions_and_embeddings_pass_through(client):
+    c = client.completions.create(model="llama-3-8b", prompt="Q3", max_tokens=2)
+    assert c.object == "text_completion" and c.usage.completion_tokens == 2
+    e = client.embeddings.create(model="qwen2.5-finance", input=["a", "b"])
+    assert len(e.data) == 2 and len(e.data[0].embedding) > 0
+
+
+def test_priority_and_malformed_body(stack, client):
+    r = client.chat.completions.create(model="llama-3-8b", messages=[{"role": "user", "content": "x"}], max_tokens=1,
+                                       extra_body={"priority": -5})
+    assert r.choices[0].finish_reason == "length"
+    bad = httpx.post(f"{stack.url}/v1/chat/completions", content=b"{nope", timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "malformed_json"
