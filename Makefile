@@ -41,6 +41,7 @@ $(ENVOY):
 # Regenerate the checked-in Envoy configs (a test fails when they are stale).
 render: setup
 	$(VENV)/bin/adapterctl render-envoy examples/finance-llm-adapter.yaml -o envoy/finance-llm-adapter.yaml --workers 2 --check
+	$(VENV)/bin/adapterctl render-envoy examples/compose.yaml -o envoy/compose.yaml --check
 
 perf: setup
 	$(VENV)/bin/python perf/bench_overhead.py

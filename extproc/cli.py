@@ -113,8 +113,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     snap = load_file(args.file)
     proc = snap.processor
     workers = args.workers or proc.workers or os.cpu_count() or 1
-    sup = Supervisor(args.file, proc.address, args.base_port or proc.base_port, workers,
+    sup = Supervisor(args.file, proc.bind_address or proc.address, args.base_port or proc.base_port, workers,
                      args.admin_port or proc.admin_port, proc.shutdown_grace, log_level=args.log_level,
+                     admin_address=proc.bind_address or "127.0.0.1",
                      endpoints=dict(args.endpoint or ()), record_dir=args.record_dir)
     sup.start()
     signal.signal(signal.SIGHUP, lambda *_: sup.reload())

@@ -144,7 +144,7 @@ def _local_reply_config() -> dict[str, Any]:
 def _processor_cluster(snap: Snapshot, workers: int, address: str, base_port: int) -> dict[str, Any]:
     return {
         "name": PROCESSOR_CLUSTER,
-        "type": "STATIC",
+        "type": "STATIC" if _is_ip(address) else "STRICT_DNS",
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
         "typed_extension_protocol_options": {

@@ -165,7 +165,7 @@ class Stack:
         self.snapshot = snap
 
         self.supervisor = Supervisor(
-            self.config_path, processor.address, processor.base_port, workers, processor.admin_port,
+            self.config_path, processor.bind_address or processor.address, processor.base_port, workers, processor.admin_port,
             shutdown_grace=processor.shutdown_grace, log_level=self.log_level, endpoints=overrides,
             record_dir=self.record_dir,
         )

@@ -60,7 +60,11 @@ apt_install python3-bpfcc bpfcc-tools flatbuffers-compiler || rc=1
 
 # --- kernel headers -------------------------------------------------------------------------------
 build="/lib/modules/$KREL/build"
-if [ -e "$build/include/linux/kconfig.h" ] || [ -e /sys/kernel/kheaders.tar.xz ]; then
+headers_ok() {  # Debian splits headers: arch part (build) and common part (source)
+    [ -e "$build/include/generated/autoconf.h" ] && \
+        { [ -e "$build/include/linux/kconfig.h" ] || [ -e "/lib/modules/$KREL/source/include/linux/kconfig.h" ]; }
+}
+if headers_ok || [ -e /sys/kernel/kheaders.tar.xz ]; then
     :  # headers already usable (ours from an earlier run, the distro's, or CONFIG_IKHEADERS)
 else
     apt_update_once

@@ -134,6 +134,7 @@ def _save(model: onnx.ModelProto, path: Path) -> None:
     # Write then rename: a server scanning the folder never sees half a file.
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as handle:
         handle.write(model.SerializeToString())
+    Path(handle.name).chmod(0o644)  # NamedTemporaryFile creates 0600
     Path(handle.name).replace(path)
 
 

@@ -23,7 +23,6 @@ import concurrent.futures
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -240,9 +239,10 @@ class InferenceService:
                 model = versions[version].model
                 if ready_only and not model.ready:
                     continue
-                entry: dict[str, Any] = {"name": name, "state": model.state}
+                entry: dict[str, Any] = {"name": name}
                 if version:
                     entry["version"] = version
+                entry["state"] = model.state
                 if model.reason:
                     entry["reason"] = model.reason
                 entries.append(entry)
@@ -359,6 +359,3 @@ class InferenceService:
             raise ServiceError(503, str(exc)) from None
         names = outputs if outputs is not None else list(out_index)
         return model, [(n, results[out_index[n]]) for n in names]
-
-    def timer(self) -> float:
-        return time.perf_counter()

@@ -105,7 +105,8 @@ class AdminSpec(_Model):
 
 class ProcessorSpec(_Model):
     """The ext_proc processor: N worker processes, each its own Envoy endpoint."""
-    address: str = "127.0.0.1"
+    address: str = "127.0.0.1"  # where Envoy reaches the workers (an IP, or a host name in compose)
+    bind_address: str | None = None  # where workers listen; default: address (0.0.0.0 in containers)
     base_port: Port = 50051
     workers: Annotated[int, Field(ge=1, le=64)] | None = None  # None: CPU count
     admin_port: Port = 9902  # Prometheus /metrics and /healthz of the processor

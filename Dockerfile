@@ -1,0 +1,12 @@
+# The processor image (also runs the ONNX Runtime server and the simulators in the CPU profile).
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY extproc ./extproc
+COPY backends ./backends
+COPY canary ./canary
+COPY ebpf ./ebpf
+COPY examples ./examples
+RUN pip install --no-cache-dir '.[ort]'
+EXPOSE 50051 50052 9902
+CMD ["adapterctl", "serve", "/etc/adapter/gateway.yaml"]
