@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import base64
 import bisect
 import contextlib
@@ -664,6 +665,38 @@ async def _send_json(send: Callable, payload: Any, status: int = 200,
     await _send_response(send, status, orjson.dumps(payload), b"application/json", headers)
 
 
+_FAULT: contextvars.ContextVar["_Fault | None"] = contextvars.ContextVar("simulator_fault", default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fault:
+    """Per-request fault injection, from the `x-simulator-fault` request header (a simulator-only
+    test hook; real vLLM has no such header):
+    `status=500` answers that status before generating; `truncate-after=N` ends the stream cleanly
+    after N content chunks without `data: [DONE]` (a server that gave up); `reset-after=N` aborts
+    the connection after N content chunks (a crash)."""
+
+    status: int | None = None
+    truncate_after: int | None = None
+    reset_after: int | None = None
+
+    @classmethod
+    def parse(cls, value: str) -> "_Fault":
+        fields: dict[str, int] = {}
+        for part in value.split(","):
+            key, _, number = part.strip().partition("=")
+            name = {"status": "status", "truncate-after": "truncate_after", "reset-after": "reset_after"}.get(key)
+            if name is None or not number.isdigit():
+                raise _bad_request(f"x-simulator-fault: cannot parse {part.strip()!r} "
+                                   "(status=N, truncate-after=N or reset-after=N)")
+            fields[name] = int(number)
+        return cls(**fields)
+
+
+class _SimulatedReset(Exception):
+    """Raised to make the server abort the connection mid-response."""
+
+
 class _EventStream:
     """Server-sent events, each sent to the transport as soon as it is produced."""
 
@@ -768,6 +801,9 @@ class SimulatorApp:
             await send(message)
 
         try:
+            for key, value in scope.get("headers", ()):
+                if key == b"x-simulator-fault":
+                    _FAULT.set(_Fault.parse(value.decode("latin-1")))
             methods = self._routes.get(scope["path"])
             if methods is None:
                 raise _HTTPError(404, f"Not Found: {scope['path']}", "NotFoundError")
@@ -780,7 +816,7 @@ class SimulatorApp:
         except _HTTPError as exc:
             if not started:
                 await _send_json(send, exc.payload(), exc.status, exc.headers)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, _SimulatedReset):
             raise
         except Exception as exc:  # a simulator bug: answer 500 rather than drop the connection
             log.exception("simulator: internal error on %s %s", scope["method"], scope["path"])
@@ -857,6 +893,9 @@ class SimulatorApp:
                         *, chat: bool, send: Callable) -> None:
         """Queue, pace and answer a chat or text completion (streamed or not)."""
         self._check_lengths(prompts, options)
+        fault = _FAULT.get()
+        if fault is not None and fault.status:
+            raise _HTTPError(fault.status, "simulated engine failure (x-simulator-fault)", "InternalServerError")
         choices = self._plan(model, prompts, options)
         prompt_tokens = sum(tokens for _, tokens in prompts)
         completion_tokens = sum(len(c.pieces) for c in choices)
@@ -897,6 +936,11 @@ class SimulatorApp:
                 for choice in choices:
                     await stream.event(chunk(choice, delta={"role": "assistant", "content": ""}))
             for step in range(steps):
+                if fault is not None and fault.truncate_after == step:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+                if fault is not None and fault.reset_after == step:
+                    raise _SimulatedReset(f"simulated connection reset after {step} chunks")
                 live = [c for c in choices if step < len(c.pieces)]
                 await run.step(len(live))
                 for choice in live:

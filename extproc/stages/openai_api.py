@@ -10,6 +10,10 @@ What, per request on an `openai` route (for example `path: /v1/, match: prefix`)
 - error responses pass through untouched (no body phase); successful ones are read chunk by chunk
   (Envoy STREAMED mode: an SSE stream reaches the client event by event, never buffered whole)
   and their usage is counted in `adapter_processor_tokens_total{route,backend,model,tenant,type}`.
+- a stream the backend ends without `data: [DONE]` gets an error event (`code:
+  backend_stream_truncated`, vLLM's in-stream error shape, which the `openai` client raises as
+  APIError) and a clean `data: [DONE]` end. A connection *reset* mid-stream cannot be turned into
+  an event: Envoy resets the client's stream at once, so the client fails fast instead of hanging.
 vLLM specifics (`priority`, LoRA adapters as `model`, `stream_options`) pass through unchanged.
 Cost: one JSON parse of the request; per response chunk a scan for `"usage"` (events without it are
 not parsed); one extra round trip per chunk, which is the price of seeing the stream.
@@ -110,9 +114,23 @@ class OpenAIApi:
         data = state.attrs["pending"] + msg.body
         head, sep, rest = data.rpartition(b"\n\n")
         state.attrs["pending"] = rest if sep else data
-        if not sep or b'"usage"' not in head:
-            return CONTINUE
+        if b"data: [DONE]" in data:
+            state.attrs["done"] = True
         body = msg.body
+        if sep and b'"usage"' in head:
+            body = self._usage_events(state, head, body)
+        if msg.end_of_stream and not state.attrs.get("done"):
+            # The backend ended the stream without `data: [DONE]`: tell the client in-band, in the
+            # shape vLLM uses for errors inside a stream, then end the stream cleanly.
+            error = {"error": {"message": f"backend {state.backend} ended the stream before it was complete",
+                               "type": "server_error", "code": "backend_stream_truncated",
+                               "route": state.route.name, "request_id": state.request_id}}
+            state.outcome = "truncated"
+            prefix = b"" if not state.attrs["pending"] else b"\n\n"
+            return Mutate(body=body + prefix + b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n")
+        return Mutate(body=body) if body is not msg.body else CONTINUE
+
+    def _usage_events(self, state: RequestState, head: bytes, body: bytes) -> bytes:
         for event in head.split(b"\n\n"):
             if b'"usage"' not in event or not event.startswith(b"data: {"):
                 continue
@@ -126,7 +144,7 @@ class OpenAIApi:
             # Only an event wholly inside this chunk can be dropped (earlier bytes already went out).
             if state.attrs.get("strip_usage") and chunk.get("choices") == [] and event + b"\n\n" in body:
                 body = body.replace(event + b"\n\n", b"", 1)
-        return Mutate(body=body) if body is not msg.body else CONTINUE
+        return body
 
     @staticmethod
     def _count(state: RequestState, response) -> None:

@@ -101,3 +101,38 @@ def test_priority_and_malformed_body(stack, client):
     assert r.choices[0].finish_reason == "length"
     bad = httpx.post(f"{stack.url}/v1/chat/completions", content=b"{nope", timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "malformed_json"
+
+
+def _chat_stream(client, fault: str):
+    return client.chat.completions.create(model="llama-3-8b", messages=[{"role": "user", "content": "x"}],
+                                          max_tokens=8, stream=True, extra_headers={"x-simulator-fault": fault})
+
+
+def test_backend_5xx_reaches_the_client_as_a_json_error(client):
+    with pytest.raises(openai.InternalServerError) as e:
+        _chat_stream(client, "status=500")
+    assert "simulated engine failure" in str(e.value)
+
+
+def test_stream_ended_early_by_the_backend_becomes_an_error_event_and_a_clean_end(stack, client):
+    received = []
+    with pytest.raises(openai.APIError) as e:
+        for chunk in _chat_stream(client, "truncate-after=3"):
+            received.append(chunk)
+    assert "ended the stream before it was complete" in str(e.value)
+    assert len(received) == 4  # the role chunk and three content chunks arrived before the error
+    raw = httpx.post(f"{stack.url}/v1/chat/completions", headers={"x-simulator-fault": "truncate-after=2"},
+                     json={"model": "llama-3-8b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 8,
+                           "stream": True}, timeout=10)
+    events = [e for e in raw.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]" and '"code":"backend_stream_truncated"' in events[-2]
+
+
+def test_connection_reset_mid_stream_fails_fast_and_the_gateway_keeps_serving(stack, client):
+    started = time.perf_counter()
+    with pytest.raises((openai.APIError, httpx.HTTPError)):
+        for _ in _chat_stream(client, "reset-after=3"):
+            pass
+    assert time.perf_counter() - started < 10  # nothing hangs
+    r = client.chat.completions.create(model="llama-3-8b", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+    assert r.choices[0].message.content
