@@ -173,12 +173,18 @@ class Agent:
             self.writer.close(remove=remove_snapshot)
         self.cgroups.close(remove=remove_cgroups)
 
-    def run(self, stop: threading.Event | None = None) -> None:
-        """Sample every `interval` (fixed rate; missed ticks are skipped) until `stop` is set."""
+    def run(self, stop: threading.Event | None = None, before_step=None) -> None:
+        """Sample every `interval` (fixed rate; missed ticks are skipped) until `stop` is set.
+
+        before_step: optional callable run in the loop before each sample (main() uses it to apply
+        a SIGHUP reload between samples, never inside one).
+        """
         stop = stop or threading.Event()
         nxt = time.monotonic()
         while not stop.is_set():
             try:
+                if before_step is not None:
+                    before_step()
                 self.step()
             except Exception:  # one bad sample must not end the agent
                 log.exception("agent step failed")
@@ -248,7 +254,7 @@ class Agent:
                 cgroup_id=st.cgroup_id,
                 cgroup_v2=str(paths.v2 or ""),
                 cgroup_cpu=str(self.cgroups.limit_dir(tid) or ""),
-                nr_procs=len(self.cgroups.procs(tid)),
+                nr_procs=len(set(self.cgroups.procs(tid))),
                 recreated=self.cgroups.recreated.get(tid, 0),
             ))
         data = SnapshotData(tenants=samples, upstreams=self._upstreams(now, win_ns), source=self.source,
@@ -345,23 +351,22 @@ def main(argv: list[str] | None = None) -> int:
     except (EbpfUnavailable, OSError, RuntimeError, ValueError) as e:
         print(f"ebpf.agent: {e}", file=sys.stderr)
         return 1
-    stop = threading.Event()
+    stop, hup = threading.Event(), threading.Event()
 
-    def on_stop(signum, frame):
-        stop.set()
+    def reload_if_asked():
+        if hup.is_set():
+            hup.clear()
+            try:
+                agent.reload(load_tenants(args.tenants))
+                log.info("tenants reloaded from %s", args.tenants)
+            except QuotaError as e:
+                log.error("reload refused, keeping the running tenants: %s", e)
 
-    def on_hup(signum, frame):
-        try:
-            agent.reload(load_tenants(args.tenants))
-            log.info("tenants reloaded from %s", args.tenants)
-        except QuotaError as e:
-            log.error("reload refused, keeping the running tenants: %s", e)
-
-    signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGHUP, on_hup)
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: hup.set())
     try:
-        agent.run(stop)
+        agent.run(stop, before_step=reload_if_asked)
     finally:
         agent.close(remove_cgroups=args.cleanup, remove_snapshot=args.cleanup)
     return 0

@@ -401,11 +401,11 @@ def iter_operations(spec: Spec, resolver: Resolver | None = None) -> Iterator[tu
 class _Checker:
     """Collects `Problem`s; one instance per `validate_document` call."""
 
-    def __init__(self, doc: dict, version: str) -> None:
+    def __init__(self, doc: dict, version: str, base_dir: Path | None) -> None:
         self.doc = doc
         self.version = version
         self.problems: list[Problem] = []
-        self.spec = Spec(doc, version)
+        self.spec = Spec(doc, version, base_dir=base_dir)
         self.resolver = Resolver(self.spec)
         self._schemas_seen: set[int] = set()
 
@@ -478,7 +478,7 @@ class _Checker:
                 continue
             if not self.expect(item, dict, pointer, "a path item"):
                 continue
-            item_params = self.check_parameters(item.get("parameters"), join_pointer(pointer, "parameters"))
+            item_params = self.check_parameters(item.get("parameters"), join_pointer(pointer, "parameters"), base)
             for method in HTTP_METHODS:
                 if method not in item:
                     continue
@@ -486,9 +486,10 @@ class _Checker:
                 op = item[method]
                 if not self.expect(op, dict, op_ptr, "an operation"):
                     continue
-                self.check_operation(path, op, op_ptr, item_params, op_ids)
+                self.check_operation(path, op, op_ptr, item_params, op_ids, base)
 
-    def check_operation(self, path: str, op: dict, ptr: str, item_params: dict, op_ids: dict) -> None:
+    def check_operation(self, path: str, op: dict, ptr: str, item_params: dict, op_ids: dict,
+                        base: str = "") -> None:
         op_id = op.get("operationId")
         if op_id is not None:
             if not isinstance(op_id, str):
@@ -508,20 +509,20 @@ class _Checker:
             for code, resp in op["responses"].items():
                 rptr = join_pointer(f"{ptr}/responses", code)
                 try:
-                    resp, _ = self.resolver.deref(resp)
+                    resp, _ = self.resolver.deref(resp, base)
                 except LookupError as e:
                     self.add(f"{rptr}/$ref", str(e))
                     continue
                 if self.expect(resp, dict, rptr, "a response") and self.version != "2.0":
                     self.check_content(resp.get("content"), f"{rptr}/content")
         params = dict(item_params)
-        params.update(self.check_parameters(op.get("parameters"), f"{ptr}/parameters"))
+        params.update(self.check_parameters(op.get("parameters"), f"{ptr}/parameters", base))
         if "requestBody" in op:
             if self.version == "2.0":
                 self.add(f"{ptr}/requestBody", "requestBody is OpenAPI 3; Swagger 2.0 uses an 'in: body' parameter")
             else:
                 try:
-                    body, _ = self.resolver.deref(op["requestBody"])
+                    body, _ = self.resolver.deref(op["requestBody"], base)
                 except LookupError as e:
                     self.add(f"{ptr}/requestBody/$ref", str(e))
                 else:
@@ -542,7 +543,7 @@ class _Checker:
             if loc == "path" and name not in templated:
                 self.add(pptr, f"path parameter {name!r} does not appear in the path {path!r}")
 
-    def check_parameters(self, params: Any, ptr: str) -> dict:
+    def check_parameters(self, params: Any, ptr: str, base: str = "") -> dict:
         """Check a parameter list; return {(name, in): pointer} of the well-formed ones."""
         out: dict = {}
         if params is None or not self.expect(params, list, ptr, "parameters"):
@@ -551,7 +552,7 @@ class _Checker:
         for i, p in enumerate(params):
             pptr = f"{ptr}/{i}"
             try:
-                p, _ = self.resolver.deref(p)
+                p, _ = self.resolver.deref(p, base)
             except LookupError as e:
                 self.add(f"{pptr}/$ref", str(e))
                 continue
@@ -718,20 +719,21 @@ def _version_of(doc: Any) -> tuple[str | None, list[Problem]]:
     return None, [Problem("", "neither 'openapi' nor 'swagger' field: this is not an OpenAPI document")]
 
 
-def validate_document(doc: Any) -> tuple[str | None, list[Problem]]:
+def validate_document(doc: Any, base_dir: Path | None = None) -> tuple[str | None, list[Problem]]:
     """``(version, problems)`` for a parsed document; no problems means usable.
 
+    ``base_dir`` is where relative ``$ref`` files are read from (None: they are reported).
     Cost: O(document size), one pass plus one pass per check family.
     """
     version, problems = _version_of(doc)
     if version is None:
         return None, problems
-    return version, _Checker(doc, version).run()
+    return version, _Checker(doc, version, base_dir).run()
 
 
 def parse_spec(doc: Any, source: str = "<input>", base_dir: Path | None = None) -> Spec:
     """A `Spec` from an already parsed document; raise `SpecError` listing every problem."""
-    version, problems = validate_document(doc)
+    version, problems = validate_document(doc, base_dir)
     if problems:
         raise SpecError(source, problems)
     return Spec(doc, version, source, base_dir)
