@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from extproc.config.snapshot import (BACKEND_HEADER, DEBUG_METADATA_KEY, HEALTH_ROUTE, ROUTE_METADATA_KEY,
-                                     ROUTE_TARGET_HEADER, Backend, Route, Snapshot)
+                                     ROUTE_TARGET_HEADER, TENANT_METADATA_KEY, Backend, Route, Snapshot)
 from extproc.types import Phase
 
 PROCESSOR_CLUSTER = "adapter_processor"
@@ -69,7 +69,7 @@ def processing_mode(route: Route) -> dict[str, str]:
     }
 
 
-def _ext_proc_per_route(route: Route) -> dict[str, Any]:
+def _ext_proc_per_route(route: Route, tenant_header: str) -> dict[str, Any]:
     return {
         EXT_PROC: {
             "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
@@ -80,13 +80,14 @@ def _ext_proc_per_route(route: Route) -> dict[str, Any]:
                     {"key": ROUTE_METADATA_KEY, "value": route.name},
                     {"key": "x-request-id", "value": "%REQ(x-request-id)%"},
                     {"key": DEBUG_METADATA_KEY, "value": "%REQ(x-adapter-debug)%"},
+                    {"key": TENANT_METADATA_KEY, "value": f"%REQ({route.tenant_header or tenant_header})%"},
                 ],
             },
         }
     }
 
 
-def _backend_route(route: Route, backend: Backend) -> dict[str, Any]:
+def _backend_route(route: Route, backend: Backend, tenant_header: str) -> dict[str, Any]:
     return {
         "name": f"{route.name}--{backend.name}",
         "match": {"prefix": "/", "headers": [
@@ -95,15 +96,15 @@ def _backend_route(route: Route, backend: Backend) -> dict[str, Any]:
         ]},
         "route": {"cluster": backend.cluster, "timeout": _duration(route.timeout)},
         "request_headers_to_remove": [BACKEND_HEADER, ROUTE_TARGET_HEADER],
-        "typed_per_filter_config": _ext_proc_per_route(route),
+        "typed_per_filter_config": _ext_proc_per_route(route, tenant_header),
     }
 
 
-def _client_route(route: Route) -> dict[str, Any]:
+def _client_route(route: Route, tenant_header: str) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": route.name,
         "match": {"prefix" if route.match == "prefix" else "path": route.path},
-        "typed_per_filter_config": _ext_proc_per_route(route),
+        "typed_per_filter_config": _ext_proc_per_route(route, tenant_header),
     }
     if route.backend is None:  # answered by the processor; reached only if it is down
         entry["direct_response"] = {"status": 503, "body": {"inline_string": "the processor did not answer"}}
@@ -139,6 +140,38 @@ def _local_reply_config() -> dict[str, Any]:
         }],
         "body_format": {"json_format": {"error": error}},
     }
+
+
+def _client_stripped_headers(snap: Snapshot) -> list[str]:
+    """Headers only Envoy or the processor may set; removed from client requests before routing."""
+    headers = [BACKEND_HEADER, ROUTE_TARGET_HEADER]
+    if snap.tenancy.source == "jwt":
+        headers.append(snap.tenancy.header)  # set from the verified JWT claim, never by the client
+    return headers
+
+
+def _jwt_filters(tenancy: Any) -> list[dict[str, Any]]:
+    """jwt_authn verifying the token and copying the tenant claim into the tenancy header.
+
+    A missing token is let through (the processor answers 401 naming what is missing, or the route
+    has no tenants); an invalid token is refused by Envoy (401)."""
+    if tenancy.source != "jwt":
+        return []
+    jwt = tenancy.jwt
+    provider = {
+        "issuer": jwt.issuer,
+        "local_jwks": {"inline_string": jwt.jwks},
+        "from_headers": [{"name": jwt.header, "value_prefix": "Bearer "}],
+        "claim_to_headers": [{"header_name": tenancy.header, "claim_name": jwt.claim}],
+    }
+    if jwt.audiences:
+        provider["audiences"] = list(jwt.audiences)
+    return [{"name": "envoy.filters.http.jwt_authn", "typed_config": {
+        "@type": _T + "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+        "providers": {"tenant": provider},
+        "rules": [{"match": {"prefix": "/"}, "requires": {"requires_any": {"requirements": [
+            {"provider_name": "tenant"}, {"allow_missing": {}}]}}}],
+    }}]
 
 
 def _processor_cluster(snap: Snapshot, workers: int, address: str, base_port: int) -> dict[str, Any]:
@@ -201,14 +234,15 @@ def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
     proc = snap.processor
     n = workers or proc.workers or os.cpu_count() or 1
     routes = [r for r in snap.routes.values()]
+    tenancy = snap.tenancy
     entries: list[dict[str, Any]] = []
     for r in routes:
         for b in r.backends:
-            entries.append(_backend_route(r, b))
+            entries.append(_backend_route(r, b, tenancy.header))
     # exact paths first, then prefixes longest first: the most specific route wins
     ordered = sorted(routes, key=lambda r: (r.match == "prefix", -len(r.path) if r.match == "prefix" else 0))
     for r in ordered:
-        entries.append(_client_route(r))
+        entries.append(_client_route(r, tenancy.header))
     entries.append({
         "name": "not-found",
         "match": {"prefix": "/"},
@@ -225,13 +259,13 @@ def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
             "name": "envoy.http.early_header_mutation.header_mutation",
             "typed_config": {
                 "@type": _T + "envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
-                "mutations": [{"remove": BACKEND_HEADER}, {"remove": ROUTE_TARGET_HEADER}],
+                "mutations": [{"remove": h} for h in _client_stripped_headers(snap)],
             },
         }],
         "local_reply_config": _local_reply_config(),
         "route_config": {"name": "adapter_routes", "virtual_hosts": [
             {"name": snap.name, "domains": ["*"], "routes": entries}]},
-        "http_filters": [
+        "http_filters": _jwt_filters(tenancy) + [
             {"name": EXT_PROC, "typed_config": {
                 "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
                 "grpc_service": {"envoy_grpc": {"cluster_name": PROCESSOR_CLUSTER}},

@@ -18,6 +18,7 @@ Cost: a counter or histogram update is about 1 to 3 us in multiprocess mode; thr
 | adapter_processor_config_generation | gauge | (max over workers) |
 | adapter_processor_tokens_total | counter | route, backend, model, tenant, type (prompt, completion) |
 | adapter_processor_batch_size | histogram | route, backend, model (tensor routes) |
+| adapter_processor_admission_total | counter | tenant, result (admitted, rejected, stale) |
 """
 
 from __future__ import annotations
@@ -48,5 +49,7 @@ class ProcessorMetrics:
         self.batch_size = Histogram(f"{ns}_batch_size", "batch size of tensor requests",
                                     ["route", "backend", "model"], buckets=(1, 2, 4, 8, 16, 32, 64, 128),
                                     registry=registry)
+        self.admission = Counter(f"{ns}_admission", "admission decisions for tenants with quotas",
+                                 ["tenant", "result"], registry=registry)
         self.config_generation = Gauge(f"{ns}_config_generation", "generation of the config snapshot in use",
                                        registry=registry, multiprocess_mode="max")

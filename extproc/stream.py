@@ -19,7 +19,7 @@ import time
 from typing import Any, AsyncIterator
 
 from extproc import codec
-from extproc.config.snapshot import DEBUG_METADATA_KEY, ROUTE_METADATA_KEY
+from extproc.config.snapshot import DEBUG_METADATA_KEY, ROUTE_METADATA_KEY, TENANT_METADATA_KEY
 from extproc.metrics import ProcessorMetrics
 from extproc.pipeline import reject
 from extproc.types import Phase, Reject, RequestState
@@ -69,7 +69,7 @@ class ExtProcService:
 
     async def Process(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
         snap = self.config.current
-        route_name = debug = request_id = None
+        route_name = debug = request_id = tenant = None
         for item in context.invocation_metadata() or ():
             if item.key == ROUTE_METADATA_KEY:
                 route_name = item.value
@@ -77,10 +77,12 @@ class ExtProcService:
                 debug = item.value
             elif item.key == "x-request-id":
                 request_id = item.value
+            elif item.key == TENANT_METADATA_KEY:
+                tenant = item.value
         route = snap.routes.get(route_name) if route_name else None
         label = route.name if route is not None else "unknown"
         state = RequestState(snapshot=snap, route=route, started=time.monotonic(),
-                             request_id=request_id or "", debug=debug in ("1", "true"))
+                             request_id=request_id or "", debug=debug in ("1", "true"), tenant=tenant or None)
         m = self.metrics
         m.streams_active.inc()
         busy = 0.0
@@ -106,6 +108,7 @@ class ExtProcService:
                 self._child(m.phase_duration, label, msg.phase.value).observe(dt)
                 yield resp
                 if isinstance(verdict, Reject):
+                    state.attrs["reject_reason"] = verdict.reason
                     if verdict.status >= 400:
                         outcome = "rejected" if verdict.status < 500 else "error"
                         self._child(m.errors, label, verdict.reason).inc()
@@ -118,6 +121,11 @@ class ExtProcService:
             log.exception("stream for route %s failed", label)
             raise
         finally:
+            if state.tenant is not None and route is not None and state.snapshot.tenants:
+                reason = state.attrs.get("reject_reason")
+                result = ("rejected" if reason == "tenant_over_quota"
+                          else "stale" if state.attrs.get("quota_stale") else "admitted")
+                self._child(m.admission, state.tenant, result).inc()
             usage = state.attrs.get("usage")
             if usage is not None:
                 self._record_usage(state, label, usage)

@@ -236,9 +236,9 @@ class ModelVersion:
                 except Exception:
                     # The next variant fails on this input too: blame the input, keep serving.
                     break
-                self._record(failed or "none", precision, "run_error", _short(error))
                 self._spares.pop(precision, None)
                 self._activate(precision, session)
+                self._record(failed or "none", precision, "run_error", _short(error))
                 return result
         raise RunError(f"model {self.name} version {self.version} ({failed}) failed to run: "
                        f"{_short(error)}") from error

@@ -118,6 +118,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             name=name, path=r.path, kind=kind, backend=backend, model=model, request=request,
             transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,
             max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
+            tenant_header=r.policy.tenant_header,
             backends=tuple(dict.fromkeys(resolved)),
         )
         routes[name] = _with_pipeline(route, build_pipeline, base, issue)
@@ -134,13 +135,21 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             issue(("spec", "tenants", i, "id"), f"duplicate tenant id {t.id!r}")
         tenant_ids.add(t.id)
 
+    tenancy = spec.tenancy
+    if (tenancy.source == "jwt") != (tenancy.jwt is not None):
+        issue(("spec", "tenancy", "jwt"), "source: jwt needs a jwt block, and a jwt block needs source: jwt")
+    for i, r in enumerate(spec.routes):
+        if tenancy.source == "jwt" and r.policy.tenant_header == tenancy.header:
+            issue(("spec", "routes", i, "policy", "tenantHeader"),
+                  f"{tenancy.header} is set by Envoy from the JWT claim (clients' copies are removed); "
+                  "a route can only trust another header")
     _check_ports(gw, issue)
     if issues.found:
         raise ConfigError(issues.found)
     return Snapshot(
         generation=generation, digest=digest, source=smap.filename, spec=gw, model_ref=spec.model_ref,
         listener=spec.listener, admin=spec.admin, processor=spec.processor, backends=backends,
-        routes=routes, tenants=spec.tenants,
+        routes=routes, tenants=spec.tenants, tenancy=spec.tenancy,
     )
 
 

@@ -135,6 +135,9 @@ class BackendSpec(_Model):
 class RoutePolicy(_Model):
     """Per-route policy: what happens on failure and how much a request may carry."""
     failure_mode: Literal["closed", "open"] = "closed"  # processor down: closed -> 503, open -> pass through
+    # A client header this route trusts as the tenant id (for example on an internal route).
+    # Without it the tenant comes only from `spec.tenancy` (set by Envoy or a proxy after authentication).
+    tenant_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] | None = None
     max_body_bytes: Size = 1024 * 1024  # larger request bodies get 413
     timeout: Duration = 60.0  # upstream request timeout (Envoy route timeout)
 
@@ -172,6 +175,29 @@ class TenantSpec(_Model):
     cpu: TenantCpu | None = None
 
 
+class JwtSpec(_Model):
+    """Envoy verifies a JWT (jwt_authn) and the tenant is one of its claims."""
+    issuer: str
+    jwks: str  # inline JWKS JSON
+    claim: str = "tenant"
+    audiences: tuple[str, ...] = ()
+    header: str = "authorization"  # where the token is (Bearer)
+
+
+class TenancySpec(_Model):
+    """Where a request's tenant id comes from, and what admission control does with stale data."""
+    source: Literal["header", "jwt"] = "header"
+    # source header: the header an authenticating proxy in front of Envoy sets (clients cannot reach
+    # Envoy without it); source jwt: Envoy sets this header from the verified claim and strips any
+    # client-sent copy first.
+    header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = "x-tenant-id"
+    jwt: JwtSpec | None = None
+    snapshot: str = "/dev/shm/adapter-gateway/adapter-gateway.snap"  # the tenant agent's published numbers
+    stale_after: Duration = 5.0  # snapshot older than this is stale
+    stale_policy: Literal["admit", "reject"] = "admit"  # what admission does on a stale snapshot
+    retry_after: Annotated[int, Field(ge=1, le=3600)] = 1  # Retry-After seconds on 429
+
+
 class GatewaySpec(_Model):
     model_ref: str | None = None  # "name[@registry]": default model for llm routes
     protocol: Literal["http", "grpc"] = "http"  # default backend transport
@@ -181,6 +207,7 @@ class GatewaySpec(_Model):
     backends: tuple[BackendSpec, ...] = ()
     routes: Annotated[tuple[RouteSpec, ...], Field(min_length=1)]
     tenants: tuple[TenantSpec, ...] = ()
+    tenancy: TenancySpec = TenancySpec()
 
 
 class AdapterGateway(_Model):

@@ -21,6 +21,7 @@ BACKEND_HEADER = "x-adapter-backend"  # set by the processor; Envoy routes on it
 ROUTE_TARGET_HEADER = "x-adapter-route-target"  # set with it: which route entry carries the policy
 ROUTE_METADATA_KEY = "x-adapter-route"  # gRPC initial metadata: which route a stream serves
 DEBUG_METADATA_KEY = "x-adapter-debug"
+TENANT_METADATA_KEY = "x-adapter-tenant"  # the request's tenant id, as Envoy resolved it for the route
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,7 @@ class Route:
     timeout: float
     pipeline: Any = None  # extproc.pipeline.Pipeline
     match: str = "exact"  # or "prefix"
+    tenant_header: str | None = None  # a client header this route trusts as the tenant id
     backends: tuple[Backend, ...] = ()  # every target; backend is backends[0]
 
     def backend_for_model(self, model: str | None) -> Backend | None:
@@ -90,6 +92,11 @@ class Snapshot:
     backends: Mapping[str, Backend]
     routes: Mapping[str, Route]  # by name, in config order; the health route last
     tenants: tuple[TenantSpec, ...] = field(default=())
+    tenancy: Any = None  # extproc.config.schema.TenancySpec
+
+    @property
+    def tenants_by_id(self) -> Mapping[str, TenantSpec]:
+        return {t.id: t for t in self.tenants}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backends", MappingProxyType(dict(self.backends)))

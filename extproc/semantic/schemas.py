@@ -162,7 +162,7 @@ class _Expander:
                 continue
             else:
                 out[key] = value
-        if "example" in node and "examples" not in node and not isinstance(node.get("examples"), dict):
+        if "example" in node and "examples" not in node:
             out["examples"] = [node["example"]]
         if dropped and isinstance(out.get("required"), list):
             out["required"] = [r for r in out["required"] if r not in dropped]
@@ -224,7 +224,7 @@ def _stub(target: Any, why: str) -> dict:
             stub["type"] = list(t)
         elif "properties" in target:
             stub["type"] = "object"
-    stub["description"] = f"{why.capitalize()}; not expanded further (any value of this type is accepted here)."
+    stub["description"] = f"{why[:1].upper()}{why[1:]}; not expanded further (any value of this type is accepted here)."
     return stub
 
 

@@ -1,5 +1,6 @@
 """Stages of the request pipeline, one per file; `build_pipeline` picks them per route kind.
 
+Every inference route starts with `admit` (tenant identity and quota) at request headers.
 Route kinds and their stages (the phases listed are exactly what Envoy is configured to send):
 - `llm`: request headers -> `body_limit`; request body -> `body_limit`, `parse_json`,
   `encode_request`; response headers and body -> `decode_response`.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from extproc.pipeline import Pipeline
+from extproc.stages.admit import Admit
 from extproc.stages.body_limit import BodyLimit
 from extproc.stages.decode_response import DecodeResponse
 from extproc.stages.encode_request import EncodeRequest
@@ -28,15 +30,15 @@ from extproc.stages.select_backend import SelectBackend
 
 def build_pipeline(route: Any) -> Pipeline:
     if route.kind == "llm":
-        return Pipeline([BodyLimit(), ParseJson(), EncodeRequest(), DecodeResponse()])
+        return Pipeline([Admit(), BodyLimit(), ParseJson(), EncodeRequest(), DecodeResponse()])
     if route.kind == "passthrough":
-        return Pipeline([BodyLimit(), SelectBackend()])
+        return Pipeline([Admit(), BodyLimit(), SelectBackend()])
     if route.kind == "openai":
-        return Pipeline([BodyLimit(), OpenAIApi()])
+        return Pipeline([Admit(), BodyLimit(), OpenAIApi()])
     if route.kind == "kserve":
-        return Pipeline([BodyLimit(), KServeDispatch()])
+        return Pipeline([Admit(), BodyLimit(), KServeDispatch()])
     if route.kind == "tensor":
-        return Pipeline([BodyLimit(), ParseJson(), ModelMetadata(), EncodeRequest(), DecodeResponse()])
+        return Pipeline([Admit(), BodyLimit(), ParseJson(), ModelMetadata(), EncodeRequest(), DecodeResponse()])
     if route.kind == "health":
         return Pipeline([Health()])
     raise ValueError(f"no pipeline for route kind {route.kind!r}")

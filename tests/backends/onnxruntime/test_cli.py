@@ -1,0 +1,50 @@
+"""The command lines: ``python -m backends.onnxruntime`` (ready line, SIGTERM) and ``.models``."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import REPO_ROOT, start_server, stop_server_process
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_build_demo_models_cli(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "backends.onnxruntime.models", str(tmp_path / "repo")],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    files = sorted(p.relative_to(tmp_path / "repo").as_posix() for p in (tmp_path / "repo").rglob("*") if p.is_file())
+    assert files == ["fraud-mlp/1/model.fp16.onnx", "fraud-mlp/1/model.int8.onnx", "fraud-mlp/1/model.onnx",
+                     "fraud-mlp/config.yaml", "risk-classifier/1/model.onnx"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_server_builds_demo_models_serves_and_stops_quickly(tmp_path: Path, sig: signal.Signals) -> None:
+    server = start_server(tmp_path / "models", tmp_path / "stderr.log", "--build-demo-models")
+    try:
+        assert server.grpc_port is None
+        index = httpx.post(f"{server.base}/v2/repository/index", timeout=5).json()
+        assert [(e["name"], e["state"]) for e in index] == [("fraud-mlp", "READY"), ("risk-classifier", "READY")]
+        with httpx.Client(timeout=5) as keep_alive:  # an idle keep-alive connection must not delay the stop
+            assert keep_alive.get(f"{server.base}/v2/health/ready").status_code == 200
+            server.process.send_signal(sig)
+            server.process.wait(timeout=2)
+        assert server.process.returncode == 0
+    finally:
+        stop_server_process(server.process)
+
+
+def test_missing_repository_folder_serves_nothing_but_stays_up(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "absent", tmp_path / "stderr.log")
+    try:
+        assert httpx.get(f"{server.base}/v2/health/live", timeout=5).status_code == 200
+        assert httpx.post(f"{server.base}/v2/repository/index", timeout=5).json() == []
+        assert stop_server_process(server.process) < 2.0
+    finally:
+        stop_server_process(server.process)

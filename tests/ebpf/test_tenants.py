@@ -1,0 +1,59 @@
+"""Tenant lists from a gateway config, a tenants file, or an inline string."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ebpf.cgroups import QuotaError, TenantSpec
+from ebpf.tenants import load_tenants, tenants_from
+
+pytestmark = pytest.mark.ebpf
+
+
+def test_gateway_config(write_config):
+    path = write_config("""
+        apiVersion: adapter.ai/v1
+        kind: AdapterGateway
+        metadata: {name: t}
+        spec:
+          routes: [{path: /v1/x, target: "b:80"}]
+          tenants:
+            - id: acme
+              cpu: {limit: 500m, burst: 0.2}
+            - id: free
+    """)
+    assert load_tenants(str(path)) == [TenantSpec("acme", 0.5, 0.2), TenantSpec("free", None, 0.0)]
+
+
+def test_tenants_file_with_pids(write_config):
+    path = write_config("""
+        tenants:
+          - {id: a, cpu: {limit: 0.25}, pids: [1]}
+    """, "t.yaml")
+    assert load_tenants(str(path)) == [TenantSpec("a", 0.25, 0.0, (1,))]
+
+
+def test_inline():
+    assert load_tenants("acme=0.5,beta=200m:0.1,free") == [
+        TenantSpec("acme", 0.5), TenantSpec("beta", 0.2, 0.1), TenantSpec("free")]
+
+
+def test_objects_from_a_parsed_config():
+    objs = [SimpleNamespace(id="a", cpu=SimpleNamespace(limit=1.5, burst=0.0)), SimpleNamespace(id="b", cpu=None)]
+    assert tenants_from(objs) == [TenantSpec("a", 1.5), TenantSpec("b")]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("a=-1", "between"), ("a=abc", "invalid CPU"), ("a=0.5,a=1", "duplicate"), ("a=0m", "between"),
+])
+def test_invalid_refused_with_every_problem(text, fragment):
+    with pytest.raises(QuotaError) as e:
+        load_tenants(text)
+    assert fragment in str(e.value)
+
+
+def test_missing_file():
+    with pytest.raises(QuotaError, match="no such file"):
+        load_tenants("/nonexistent/tenants.yaml")
