@@ -5,10 +5,10 @@ What (label ``model`` is the model name; version-specific state also has ``versi
 - ``ort_requests_total{model,status}``: inference requests by outcome, ``status`` being
   ``success``, ``bad_request``, ``not_found``, ``unavailable`` or ``error`` (unknown model names
   count under ``model="_unknown"``, keeping the label set bounded).
-- ``ort_request_duration_seconds{model}``: histogram, server time per successful request
+- ``ort_request_time_seconds{model}``: histogram, server time per successful request
   (parse to encoded response).
-- ``ort_queue_duration_seconds{model}``: histogram, time a request waited in the batcher's queue.
-- ``ort_inference_duration_seconds{model}``: histogram, ``session.run`` time per batch.
+- ``ort_queue_time_seconds{model}``: histogram, time a request waited in the batcher's queue.
+- ``ort_inference_time_seconds{model}``: histogram, ``session.run`` time per batch.
 - ``ort_batch_size{model}``: histogram, rows per ``session.run``; ``ort_batch_requests{model}``:
   requests stacked per ``session.run``.
 - ``ort_queue_depth{model,version}``: gauge, requests waiting now.
@@ -50,13 +50,13 @@ class OrtMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("ort_requests", "Inference requests by outcome.", ["model", "status"], registry=r)
-        self.request_duration = Histogram("ort_request_duration_seconds",
+        self.request_duration = Histogram("ort_request_time_seconds",
                                           "Server time per successful inference request.", ["model"],
                                           buckets=_SECONDS, registry=r)
-        self.queue_duration = Histogram("ort_queue_duration_seconds",
+        self.queue_duration = Histogram("ort_queue_time_seconds",
                                         "Time a request waited in the dynamic batcher's queue.", ["model"],
                                         buckets=_SECONDS, registry=r)
-        self.inference_duration = Histogram("ort_inference_duration_seconds",
+        self.inference_duration = Histogram("ort_inference_time_seconds",
                                             "onnxruntime session.run time per batch.", ["model"],
                                             buckets=_SECONDS, registry=r)
         self.batch_size = Histogram("ort_batch_size", "Rows per session.run.", ["model"], buckets=_BATCH,

@@ -14,6 +14,10 @@ from jwt.algorithms import RSAAlgorithm
 pytestmark = pytest.mark.e2e
 
 
+def SNAP_DIR(factory):  # noqa: N802 - one directory per session, shared by the stack and the writer
+    return factory.getbasetemp() / "tenancy-shm"
+
+
 @pytest.fixture(scope="module")
 def keys():
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -44,8 +48,8 @@ spec:
     source: jwt
     header: x-tenant-id
     jwt: {{issuer: "https://idp.example", claim: tenant, jwks: {json.dumps(jwks)}}}
-    snapshot: {tmp_path_factory.mktemp("shm") / "none.snap"}
-  tenants: [{{id: acme}}, {{id: globex}}]
+    snapshot: {SNAP_DIR(tmp_path_factory) / "agent.snap"}
+  tenants: [{{id: acme}}, {{id: globex, cpu: {{limit: 0.5}}}}]
   backends: [{{name: llm, endpoints: ["llm.invalid:8000"]}}]
   routes:
     - {{path: /v1/chat/completions, kind: openai}}
@@ -92,3 +96,22 @@ def test_a_route_can_trust_a_client_header(stack):
     assert post(stack, "/v1/completions", **{"x-team": "globex"}).status_code == 200
     assert post(stack, "/v1/completions", **{"x-team": "nobody"}).status_code == 403
     assert post(stack, **{"x-team": "globex"}).status_code == 401
+
+
+def test_over_quota_tenant_gets_429_and_others_do_not(stack, tmp_path_factory):
+    from ebpf.snapshot import SnapshotData, SnapshotWriter, TenantSample
+
+    writer = SnapshotWriter(SNAP_DIR(tmp_path_factory) / "agent.snap")
+    try:
+        writer.write(SnapshotData(tenants=[TenantSample(id="globex", cpu_used=0.9, cpu_limit=0.5)], source="ebpf"))
+        time.sleep(0.05)
+        r = post(stack, "/v1/completions", **{"x-team": "globex"})
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        err = r.json()["error"]
+        assert err["tenant"] == "globex" and err["cpu_limit"] == 0.5 and err["cpu_used"] == 0.9
+        assert post(stack, "/v1/completions", **{"x-team": "acme"}).status_code == 200  # no quota: unaffected
+        writer.write(SnapshotData(tenants=[TenantSample(id="globex", cpu_used=0.1, cpu_limit=0.5)], source="ebpf"))
+        time.sleep(0.05)
+        assert post(stack, "/v1/completions", **{"x-team": "globex"}).status_code == 200
+    finally:
+        writer.close(remove=True)

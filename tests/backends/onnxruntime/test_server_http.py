@@ -301,8 +301,8 @@ def test_dynamic_batching_stacks_concurrent_requests_and_results_stay_per_reques
         np.testing.assert_allclose(probabilities, expected_p, rtol=1e-5, atol=1e-7)
         np.testing.assert_array_equal(label, expected_l)
     text = metrics_text(server.base)
-    assert sample(text, "ort_queue_duration_seconds_count", model=model) >= 8
-    assert sample(text, "ort_inference_duration_seconds_count", model=model) >= runs1
+    assert sample(text, "ort_queue_time_seconds_count", model=model) >= 8
+    assert sample(text, "ort_inference_time_seconds_count", model=model) >= runs1
 
 
 def test_batching_settings_change_at_run_time(server: Server) -> None:
@@ -356,9 +356,9 @@ def test_metrics_exposition_has_the_per_model_families(server: Server) -> None:
     httpx.post(f"{server.base}/v2/models/not-a-model/infer", json={}, timeout=5)
     text = metrics_text(server.base)
     assert sample(text, "ort_requests_total", model="fraud-mlp", status="success") >= 1
-    assert sample(text, "ort_request_duration_seconds_count", model="fraud-mlp") >= 1
-    assert sample(text, "ort_queue_duration_seconds_count", model="fraud-mlp") >= 1
-    assert sample(text, "ort_inference_duration_seconds_count", model="fraud-mlp") >= 1
+    assert sample(text, "ort_request_time_seconds_count", model="fraud-mlp") >= 1
+    assert sample(text, "ort_queue_time_seconds_count", model="fraud-mlp") >= 1
+    assert sample(text, "ort_inference_time_seconds_count", model="fraud-mlp") >= 1
     assert sample(text, "ort_batch_size_count", model="fraud-mlp") >= 1
     assert sample(text, "ort_model_active_precision", model="fraud-mlp", version="1", precision="int8") == 1
     assert sample(text, "ort_model_execution_provider", model="fraud-mlp", version="1",
