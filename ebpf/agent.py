@@ -37,7 +37,7 @@ from ebpf.cgroups import ROOT_NAME, CgroupManager, QuotaError, TenantSpec
 from ebpf.programs import (HIST_SLOTS, CpuAccounting, EbpfUnavailable, TcpRtt, ebpf_unavailable, source,
                            tenant_of_tid)
 from ebpf.snapshot import SnapshotData, SnapshotWriter, TenantSample, UpstreamSample, snapshot_path
-from ebpf.tenants import load_tenants
+from ebpf.tenants import config_snapshot_path, load_tenants
 
 log = logging.getLogger("ebpf.agent")
 
@@ -285,7 +285,7 @@ class Agent:
 # --------------------------------------------------------------------------------------------------
 
 EXAMPLES = """examples:
-    python -m ebpf.agent --tenants examples/finance-llm-adapter.yaml   # tenants from a gateway config
+    python -m ebpf.agent --tenants gateway.yaml          # spec.tenants of a gateway config
     python -m ebpf.agent --tenants 'acme=0.5,beta=200m:0.2,free'       # inline: id=limit[:burst]
     python -m ebpf.agent --tenants t.yaml --rtt-ports 8000,8001 --metrics-port 9478
     python -m ebpf.agent --tenants t.yaml --poll                     # no eBPF: cgroup counters only
@@ -313,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     p.add_argument("--tenants", help="AdapterGateway config, tenants YAML, or inline 'id=limit[:burst],...'")
     p.add_argument("--name", default=ROOT_NAME, help="cgroup root and snapshot name (default %(default)s)")
-    p.add_argument("--snapshot", help="snapshot file (default /dev/shm/adapter-gateway/<name>.snap)")
+    p.add_argument("--snapshot", help="snapshot file (default: the config's spec.tenancy.snapshot, else "
+                   "/dev/shm/adapter-gateway/<name>.snap)")
     p.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default %(default)s)")
     p.add_argument("--window", type=float, default=1.0, help="sliding window for CPU use, s (default %(default)s)")
     g = p.add_mutually_exclusive_group()
@@ -340,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s ebpf-agent %(levelname)s %(message)s")
     try:
         specs = load_tenants(args.tenants)
-        agent = Agent(specs, name=args.name, snapshot=args.snapshot, interval=args.interval, window=args.window,
+        snapshot = args.snapshot or config_snapshot_path(args.tenants)
+        agent = Agent(specs, name=args.name, snapshot=snapshot, interval=args.interval, window=args.window,
                       mode="poll" if args.poll else ("ebpf" if args.require_ebpf else "auto"),
                       rtt_ports=args.rtt_ports, metrics_port=args.metrics_port, metrics_addr=args.metrics_addr)
         agent.start()

@@ -215,6 +215,7 @@ class CgroupManager:
         self.period_us = period_us
         self.tenants: dict[str, TenantSpec] = {}
         self.recreated: dict[str, int] = {}
+        self._paths: dict[str, TenantCgroup] = {}
         if self.layout.kind == "none":
             raise RuntimeError("no cgroup hierarchy with the cpu controller or cgroup2 is mounted")
 
@@ -223,13 +224,16 @@ class CgroupManager:
         return None if mount is None else mount / self.name
 
     def paths(self, tenant: str) -> TenantCgroup:
-        lay = self.layout
-        cpuacct = lay.cpuacct if lay.cpuacct is not None and lay.cpuacct != lay.cpu else None
-        return TenantCgroup(
-            v2=None if lay.v2 is None else lay.v2 / self.name / tenant,
-            cpu=None if lay.cpu is None else lay.cpu / self.name / tenant,
-            cpuacct=None if cpuacct is None else cpuacct / self.name / tenant,
-        )
+        p = self._paths.get(tenant)
+        if p is None:
+            lay = self.layout
+            cpuacct = lay.cpuacct if lay.cpuacct is not None and lay.cpuacct != lay.cpu else None
+            p = self._paths[tenant] = TenantCgroup(
+                v2=None if lay.v2 is None else lay.v2 / self.name / tenant,
+                cpu=None if lay.cpu is None else lay.cpu / self.name / tenant,
+                cpuacct=None if cpuacct is None else cpuacct / self.name / tenant,
+            )
+        return p
 
     def limit_dir(self, tenant: str) -> Path | None:
         p = self.paths(tenant)

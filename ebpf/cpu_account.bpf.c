@@ -10,11 +10,12 @@
 // Keys: the id of the task's ancestor cgroup at depth TENANT_LEVEL of the v2 hierarchy
 // (bpf_get_current_ancestor_cgroup_id, 5.6+): with tenants at <v2 root>/adapter-gateway/<tenant>,
 // TENANT_LEVEL=2 folds a tenant's child cgroups into the tenant. Tasks shallower than that
-// (everything outside the tenants) count under key 0. The id is the inode number of the cgroup dir.
-// The idle task (pid 0) is not counted.
+// (everything outside the tenants: ancestor id 0) and the idle task (pid 0) are not counted.
+// The id is the inode number of the cgroup dir.
 //
-// Cost: one per-CPU array lookup and one per-CPU hash lookup/update per context switch; no atomics,
-// no events to user space. Constants come in as cflags (-DTENANT_LEVEL=, -DMAX_CGROUPS=).
+// Cost per context switch: a per-CPU array lookup, a clock read and the cgroup id; plus a per-CPU
+// hash lookup/update when the outgoing task is a tenant's. No atomics, no events to user space.
+// Constants come in as cflags (-DTENANT_LEVEL=, -DMAX_CGROUPS=).
 #include <uapi/linux/ptrace.h>
 
 #ifndef TENANT_LEVEL
@@ -42,12 +43,14 @@ TRACEPOINT_PROBE(sched, sched_switch)
     u64 now = bpf_ktime_get_ns();
     if (s->start_ns && args->prev_pid != 0 && now > s->start_ns) {
         u64 id = bpf_get_current_ancestor_cgroup_id(TENANT_LEVEL);
-        u64 delta = now - s->start_ns;
-        u64 *v = usage.lookup(&id);
-        if (v)
-            *v += delta;            // per-CPU value: no other CPU writes it
-        else
-            usage.update(&id, &delta);
+        if (id) {
+            u64 delta = now - s->start_ns;
+            u64 *v = usage.lookup(&id);
+            if (v)
+                *v += delta;        // per-CPU value: no other CPU writes it
+            else
+                usage.update(&id, &delta);
+        }
     }
     s->start_ns = now;
     s->tid = args->next_pid;

@@ -79,7 +79,7 @@ def headers_present(release: str | None = None) -> bool:
 def _load(name: str, cflags: list[str]):
     bcc = import_bcc()
     try:
-        return bcc.BPF(text=source(name), cflags=cflags)
+        return bcc.BPF(text=source(name).encode(), cflags=cflags)
     except Exception as e:  # BCC raises bare Exception for compile/load failures
         raise EbpfUnavailable(f"{name}: BCC could not compile/load the program: {e}") from e
 
@@ -95,7 +95,7 @@ def _possible_cpus() -> int:
 class CpuAccounting:
     """On-CPU ns per tenant-level v2 cgroup id, from sched_switch (see cpu_account.bpf.c).
 
-    totals(): {cgroup id: committed ns} summed over CPUs (key 0 = tasks outside any tenant).
+    totals(): {tenant cgroup id: committed ns} summed over CPUs (tasks outside tenants are not counted).
     running(): [(slice start ns (CLOCK_MONOTONIC), tid)] per CPU: slices not yet switched out, which
     the agent adds to the owner's tenant so long slices count before they end.
     """
@@ -104,8 +104,8 @@ class CpuAccounting:
         self.tenant_level = tenant_level
         self.cflags = [f"-DTENANT_LEVEL={int(tenant_level)}", f"-DMAX_CGROUPS={int(max_cgroups)}"]
         self.bpf = _load("cpu_account", self.cflags)
-        self._usage = self.bpf["usage"]
-        self._cur = self.bpf["cur"]
+        self._usage = self.bpf[b"usage"]
+        self._cur = self.bpf[b"cur"]
 
     def totals(self) -> dict[int, int]:
         return {k.value: sum(v) for k, v in self._usage.items()}
@@ -157,7 +157,7 @@ class TcpRtt:
     def set_ports(self, ports) -> None:
         if not self.filtered:
             return
-        table = self.bpf["ports"]
+        table = self.bpf[b"ports"]
         new = {int(p) for p in ports}
         for p in self.ports - new:
             try:
@@ -180,9 +180,9 @@ class TcpRtt:
                 st = out[key] = RttStats(fam, key[0], key[1], [0] * HIST_SLOTS)
             return st
 
-        for k, v in self.bpf["hist"].items():
+        for k, v in self.bpf[b"hist"].items():
             entry(k.remote).hist[min(int(k.slot), HIST_SLOTS - 1)] += v.value
-        for k, v in self.bpf["stats"].items():
+        for k, v in self.bpf[b"stats"].items():
             st = entry(k)
             st.count += v.count
             st.sum_us += v.sum_us

@@ -20,8 +20,8 @@ import urllib.request
 from ebpf.programs import source
 from ebpf.snapshot import Snapshot, SnapshotReader, snapshot_path
 
-# The processor's per-tenant request counter this view reads with --metrics-url.
-PROCESSOR_METRIC = "adapter_processor_tenant_requests_total"  # labels: tenant, outcome=admitted|rejected
+# The processor's per-tenant admission counter this view reads with --metrics-url (extproc/metrics.py).
+PROCESSOR_METRIC = "adapter_processor_admission_total"  # labels: tenant, result=admitted|rejected|stale
 
 EXAMPLES = """examples:
     python -m ebpf.quota              # one table from the agent's snapshot
@@ -33,7 +33,7 @@ EXAMPLES = """examples:
 
 
 def fetch_requests(url: str, timeout: float = 1.0) -> dict[str, dict[str, float]]:
-    """{tenant: {outcome: count}} from the processor's Prometheus text at `url` ({} on any error)."""
+    """{tenant: {result: count}} from the processor's Prometheus text at `url` ({} on any error)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -45,7 +45,9 @@ def fetch_requests(url: str, timeout: float = 1.0) -> dict[str, dict[str, float]
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name == PROCESSOR_METRIC and "tenant" in s.labels:
-                out.setdefault(s.labels["tenant"], {})[s.labels.get("outcome", "")] = s.value
+                per = out.setdefault(s.labels["tenant"], {})
+                result = s.labels.get("result", "")
+                per[result] = per.get(result, 0) + s.value
     return out
 
 

@@ -99,3 +99,18 @@ def load_tenants(source: str) -> list[TenantSpec]:
     if not isinstance(items, list):
         raise QuotaError([f"{where}: must be a list"])
     return tenants_from(items, where)
+
+
+def config_snapshot_path(source: str) -> str | None:
+    """`spec.tenancy.snapshot` of an AdapterGateway config file (where the processor reads), or None."""
+    if not os.path.isfile(source):
+        return None
+    try:
+        with open(source) as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    tenancy = spec.get("tenancy") if isinstance(spec, dict) else None
+    path = tenancy.get("snapshot") if isinstance(tenancy, dict) else None
+    return path if isinstance(path, str) and path else None

@@ -136,9 +136,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"  gateway    {stack.url}   (Envoy admin {stack.admin_url})")
     print(f"  processor  {len(stack.supervisor.workers)} worker(s), metrics {stack.processor_admin_url}/metrics")
     for name, (_, port) in stack.simulators.items():
-        print(f"  backend    {name} -> OpenAI API simulator on 127.0.0.1:{port} (simulated)")
+        what = ("ONNX Runtime KServe server with demo models" if snap.backends[name].adapter.api == "kserve"
+                else "OpenAI API simulator (simulated, not a model)")
+        print(f"  backend    {name} -> {what} on 127.0.0.1:{port}")
     for r in snap.routes.values():
-        print(f"  route      {r.path} ({r.kind})")
+        print(f"  route      {r.path}{'*' if r.match == 'prefix' else ''} ({r.kind})")
     print(f"  envoy config {stack.envoy_config}")
     print("Try:  curl -s localhost:%d/v1/analyze -d '{\"query\":\"计算Q3营收\"}'" % snap.listener.port)
     print("Ctrl-C stops everything; SIGHUP reloads the config into the processor.", flush=True)

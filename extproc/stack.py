@@ -1,7 +1,9 @@
 """The embedded stack behind `adapterctl up` (and the end-to-end tests): simulators, processor, Envoy.
 
-What: `Stack(config).start()` starts, in order, one OpenAI-API *simulator* per backend when
-`simulate=True` (the backends' endpoints are then pointed at the simulators, and this is logged),
+What: `Stack(config).start()` starts, in order, an embedded backend per backend when
+`simulate=True` (an OpenAI API *simulator* for OpenAI/vLLM backends, our real ONNX Runtime
+KServe server with demo models for KServe backends; the backends' endpoints are then pointed at
+them, and this is logged),
 the processor supervisor and its workers, then Envoy with the bootstrap rendered from the same
 snapshot; it returns when Envoy's listener answers. `stop()` stops them in reverse order (Envoy
 first, so no new request reaches a stopping processor), each bounded, killing what does not exit.
@@ -150,6 +152,10 @@ class Stack:
                 if name not in chosen:
                     continue
                 port = free_port()
+                if backend.adapter.api == "kserve":
+                    self._start_ort(name, backend, port)
+                    overrides[name] = (("127.0.0.1", port),)
+                    continue
                 models = sorted({r.model for r in snap.routes.values() if r.backend is backend and r.model}
                                 | set(backend.models)) or ["default"]
                 cmd = [sys.executable, "-m", "backends.simulator_openai", "--host", "127.0.0.1", "--port", str(port),
@@ -160,7 +166,8 @@ class Stack:
                 log.warning("backend %s -> OpenAI API simulator at 127.0.0.1:%d (simulated, not a real model)",
                             name, port)
             for name, (p, port) in self.simulators.items():
-                wait_http(f"http://127.0.0.1:{port}/health", 30, p, f"simulator for {name}")
+                health = "/v2/health/ready" if snap.backends[name].adapter.api == "kserve" else "/health"
+                wait_http(f"http://127.0.0.1:{port}{health}", 60, p, f"embedded backend for {name}")
             snap = snap.with_endpoints(overrides)
         self.snapshot = snap
 
@@ -183,6 +190,17 @@ class Stack:
         )
         wait_http(f"{self.admin_url}/ready", 30, self.envoy, "envoy")
         wait_http(f"{self.url}/__adapter_not_a_route__", 10, self.envoy, "envoy listener")
+
+    def _start_ort(self, name: str, backend, port: int) -> None:
+        """KServe backends get our real ONNX Runtime server with its demo models (real inference)."""
+        repo = Path(self.run_dir or tempfile.mkdtemp(prefix="adapter-gateway-")) / f"models-{name}"
+        cmd = [sys.executable, "-m", "backends.onnxruntime", "--repository", str(repo), "--build-demo-models",
+               "--host", "127.0.0.1", "--port", str(port), "--log-level", self.log_level]
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent, start_new_session=True)
+        self.simulators[name] = (p, port)
+        stand_in = " standing in for Triton (both speak KServe v2)" if backend.kind == "triton" else ""
+        log.warning("backend %s -> ONNX Runtime KServe server at 127.0.0.1:%d with demo models%s", name, port,
+                    stand_in)
 
     def stop(self) -> None:
         _stop_proc(self.envoy)

@@ -40,6 +40,7 @@ apt_update_once() {
         apt-get update -qq >/dev/null 2>&1 || say "apt-get update failed (continuing with cached lists)"
         updated=1
     fi
+    return 0
 }
 
 apt_install() {  # apt_install PKG... ; installs only what is missing
@@ -67,11 +68,17 @@ headers_ok() {  # Debian splits headers: arch part (build) and common part (sour
 if headers_ok || [ -e /sys/kernel/kheaders.tar.xz ]; then
     :  # headers already usable (ours from an earlier run, the distro's, or CONFIG_IKHEADERS)
 else
-    apt_update_once
     hdr=""
     # A matching Debian headers package first (a stock Debian kernel).
-    if apt-cache show "linux-headers-$KREL" >/dev/null 2>&1; then
+    if [ -d "/usr/src/linux-headers-$KREL" ]; then
+        hdr="/usr/src/linux-headers-$KREL"
+    elif apt_update_once && apt-cache show "linux-headers-$KREL" >/dev/null 2>&1; then
         apt_install "linux-headers-$KREL" && hdr="/usr/src/linux-headers-$KREL"
+    fi
+    if [ -z "$hdr" ]; then
+        # 6.1 cloud headers installed by an earlier run (only the links are missing: no download).
+        have="$(ls -d /usr/src/linux-headers-6.1.0-*-cloud-amd64 2>/dev/null | sort -V | tail -1)"
+        [ -n "$have" ] && [ -d "${have%-cloud-amd64}-common" ] && hdr="$have"
     fi
     if [ -z "$hdr" ]; then
         # Otherwise the newest 6.1 cloud headers Debian has (and their -common, pulled as a dependency).

@@ -17,6 +17,7 @@ in the processor imports it.  Cost of importing this package: nothing (submodule
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,11 +27,11 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchingSettings", "InferenceService", "ModelConfig", "ServerSettings", "ServiceError", "serve"]
 
-_LAZY = {
+_LAZY = MappingProxyType({
     "BatchingSettings": ".config", "ModelConfig": ".config",
     "ServerSettings": ".server", "serve": ".server",
     "InferenceService": ".service", "ServiceError": ".service",
-}
+})
 
 
 def __getattr__(name: str) -> Any:

@@ -43,6 +43,8 @@ def _parse_args(argv: list[str] | None) -> tuple[ServerSettings, bool]:
                         help="inference thread pool size (default: CPU count, at least 2)")
     parser.add_argument("--strict-readiness", action="store_true",
                         help="/v2/health/ready answers 200 only when every model is ready")
+    parser.add_argument("--http-server", choices=["uvicorn", "hypercorn"], default="uvicorn",
+                        help="uvicorn: HTTP/1.1 with httptools (fastest); hypercorn: HTTP/1.1 and h2c")
     parser.add_argument("--max-queue", type=int, default=4096, help="queued requests per model before 503")
     parser.add_argument("--log-level", default="warning",
                         choices=["debug", "info", "warning", "error", "critical"])
@@ -50,7 +52,7 @@ def _parse_args(argv: list[str] | None) -> tuple[ServerSettings, bool]:
     settings = ServerSettings(repository=args.repository, host=args.host, port=args.port,
                               grpc_port=args.grpc_port, threads=args.threads,
                               strict_readiness=args.strict_readiness, max_queue=args.max_queue,
-                              log_level=args.log_level)
+                              http_server=args.http_server, log_level=args.log_level)
     return settings, args.build_demo_models
 
 

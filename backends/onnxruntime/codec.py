@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ import orjson
 from .tensors import TensorError, datatype_of, numpy_dtype
 
 __all__ = ["InferRequest", "InputTensor", "OutputRequest", "deserialize_bytes", "encode_infer_response",
-           "parse_infer_request", "serialize_bytes"]
+           "error_body", "json_body", "parse_infer_request", "serialize_bytes"]
 
 _LEN = struct.Struct("<I")
 
@@ -283,7 +283,3 @@ def error_body(message: str) -> bytes:
 
 def json_body(doc: Any) -> bytes:
     return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
-def shape_list(shape: Sequence[int]) -> list[int]:
-    return [int(d) for d in shape]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from types import MappingProxyType
 
 import grpc
 import numpy as np
@@ -36,15 +37,15 @@ __all__ = ["KServeGrpcServicer", "start_grpc_server"]
 log = logging.getLogger("backends.onnxruntime.grpc")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
-          503: grpc.StatusCode.UNAVAILABLE}
+_CODES = MappingProxyType({400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,
+                          503: grpc.StatusCode.UNAVAILABLE})
 # KServe datatype -> the typed ``InferTensorContents`` field that carries it.
-_CONTENTS_FIELD = {
+_CONTENTS_FIELD = MappingProxyType({
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
     "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
     "FP64": "fp64_contents", "BYTES": "bytes_contents",
-}
+})
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: ServiceError) -> None:

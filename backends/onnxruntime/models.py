@@ -35,8 +35,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["OPSET", "build_classifier", "build_mlp", "quantize_int8", "write_demo_repository"]
 
-log = logging.getLogger("backends.onnxruntime.models")
-
 OPSET = 17
 IR_VERSION = 10  # what onnxruntime 1.31 reads; onnx 1.23 would otherwise stamp a newer one
 
@@ -125,8 +123,13 @@ def quantize_int8(fp32_path: Path, int8_path: Path) -> None:
     """Write the dynamic-quantized int8 variant of an fp32 model file (int8 weights, QInt8)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    logging.getLogger("root").setLevel(logging.ERROR)  # quantize_dynamic logs pre-processing advice
-    quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8)
+    root = logging.getLogger()  # quantize_dynamic logs pre-processing advice on the root logger
+    previous = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(previous)
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:

@@ -25,13 +25,14 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from .batcher import DynamicBatcher, QueueFull
-from .config import BatchingSettings, ConfigError
+from .config import ConfigError
 from .metrics import UNKNOWN_MODEL, ModelBatchObserver, OrtMetrics
 from .repository import FallbackEvent, ModelRepository, ModelVersion, RunError
 from .tensors import TensorError, check_input
@@ -44,8 +45,8 @@ SERVER_NAME = "adapter-gateway-onnxruntime"
 SERVER_VERSION = "0.1.0"
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "dynamic_batching_admin")
-_STATUS_LABELS = {400: "bad_request", 404: "not_found", 503: "unavailable"}
-_TRITON_TYPES = {"BYTES": "TYPE_STRING"}
+_STATUS_LABELS = MappingProxyType({400: "bad_request", 404: "not_found", 503: "unavailable"})
+_TRITON_TYPES = MappingProxyType({"BYTES": "TYPE_STRING"})
 
 
 class ServiceError(Exception):

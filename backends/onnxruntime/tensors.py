@@ -12,7 +12,8 @@ Cost: a dict lookup and a tuple compare per input per request.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ __all__ = ["DATATYPES", "TensorError", "TensorSpec", "check_input", "datatype_of
 
 # KServe v2 datatype -> (numpy dtype, ORT element type).  BF16 is not served: numpy has no
 # bfloat16 and ORT's Python API takes none.
-DATATYPES: dict[str, tuple[np.dtype, str]] = {
+DATATYPES: Mapping[str, tuple[np.dtype, str]] = MappingProxyType({
     "BOOL": (np.dtype(np.bool_), "tensor(bool)"),
     "UINT8": (np.dtype(np.uint8), "tensor(uint8)"),
     "UINT16": (np.dtype(np.uint16), "tensor(uint16)"),
@@ -36,9 +37,9 @@ DATATYPES: dict[str, tuple[np.dtype, str]] = {
     "FP32": (np.dtype(np.float32), "tensor(float)"),
     "FP64": (np.dtype(np.float64), "tensor(double)"),
     "BYTES": (np.dtype(object), "tensor(string)"),
-}
-_BY_ORT = {ort_type: name for name, (_, ort_type) in DATATYPES.items()}
-_BY_NUMPY = {dtype: name for name, (dtype, _) in DATATYPES.items()}
+})
+_BY_ORT = MappingProxyType({ort_type: name for name, (_, ort_type) in DATATYPES.items()})
+_BY_NUMPY = MappingProxyType({dtype: name for name, (dtype, _) in DATATYPES.items()})
 
 
 class TensorError(ValueError):

@@ -101,7 +101,9 @@ class SpecError(ValueError):
         self.line = line
         self.column = column
         where = f"{source}:{line}:{column}: " if line is not None else f"{source}: "
-        lines = [where + str(p) for p in self.problems]
+        lines = [where + str(p) for p in self.problems[:20]]
+        if len(self.problems) > 20:
+            lines.append(f"... and {len(self.problems) - 20} more problem(s)")
         super().__init__("\n".join(lines))
 
     def __reduce__(self):

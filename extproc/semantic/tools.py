@@ -286,7 +286,7 @@ def derive_name(method: str, path: str) -> str:
             parts.append(cleaned)
     if len(parts) == 1:
         parts.append("root")
-    return "_".join(parts)
+    return re.sub(r"__+", "_", "_".join(parts))
 
 
 # --------------------------------------------------------------------------

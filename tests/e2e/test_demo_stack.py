@@ -61,9 +61,9 @@ def test_chat_completions_pass_through_with_the_openai_client(stack):
 def test_bad_input_gets_clear_json_errors(stack):
     bad = httpx.post(f"{stack.url}/v1/analyze", content=b'{"query": ', timeout=10)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "malformed_json"
-    missing = httpx.get(f"{stack.url}/v2/nothing-here", timeout=10)
+    missing = httpx.get(f"{stack.url}/v9/nothing-here", timeout=10)
     assert missing.status_code == 404
-    assert missing.json()["error"] == {"status": 404, "code": "route_not_found", "message": "no route for /v2/nothing-here",
+    assert missing.json()["error"] == {"status": 404, "code": "route_not_found", "message": "no route for /v9/nothing-here",
                                        "request_id": missing.json()["error"]["request_id"]}
     too_big = httpx.post(f"{stack.url}/v1/analyze", content=b'{"query": "' + b"x" * (2 * 1024 * 1024) + b'"}', timeout=20)
     assert too_big.status_code == 413 and too_big.json()["error"]["status"] == 413
@@ -112,3 +112,38 @@ def test_the_brief_example_verbatim_works_end_to_end(stack_factory):
     st = stack_factory(BRIEF_EXAMPLE, simulate=True)
     r = httpx.post(f"{st.url}/v1/analyze", content='{"query":"计算Q3营收"}'.encode(), timeout=10)
     assert r.status_code == 200 and set(r.json()["voucher"]) == {"amount", "account"}
+
+
+def test_tensor_route_maps_json_to_the_onnx_model_and_back(stack):
+    r = httpx.post(f"{stack.url}/v1/fraud-score", json={"features": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]},
+                   timeout=10)
+    assert r.status_code == 200, r.text
+    p = r.json()["fraud_probability"]
+    assert isinstance(p, float) and 0.0 <= p <= 1.0
+    bad = httpx.post(f"{stack.url}/v1/fraud-score", json={"features": [0.1, 0.2]}, timeout=10)
+    assert bad.status_code == 400
+    err = bad.json()["error"]
+    assert err["path"] == "features" and "[1, 2] does not match the model's [-1, 8]" in err["message"]
+
+
+def test_tritonclient_through_the_gateway(stack):
+    import numpy as np
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(stack.url.removeprefix("http://"))
+    assert client.is_server_ready() and client.is_model_ready("fraud-mlp")
+    meta = client.get_model_metadata("fraud-mlp")
+    assert meta["inputs"][0]["name"] == "features" and meta["inputs"][0]["shape"] == [-1, 8]
+    index = {m["name"] for m in client.get_model_repository_index()}
+    assert {"fraud-mlp", "risk-classifier"} <= index
+    features = np.random.default_rng(1).random((4, 8), dtype=np.float32)
+    inp = triton.InferInput("features", [4, 8], "FP32")
+    inp.set_data_from_numpy(features, binary_data=True)  # the binary tensor extension, through Envoy
+    out = client.infer("fraud-mlp", [inp], outputs=[triton.InferRequestedOutput("scores", binary_data=True)])
+    scores = out.as_numpy("scores")
+    assert scores.shape == (4, 2) and np.allclose(scores.sum(axis=1), 1.0, atol=1e-3)
+    import tritonclient.utils as tu
+
+    with pytest.raises(tu.InferenceServerException) as e:
+        client.get_model_metadata("no-such-model")
+    assert "no-such-model" in str(e.value)

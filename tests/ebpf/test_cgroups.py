@@ -145,6 +145,6 @@ def test_real_recreate_removed_cgroup_and_remove_tenant(cg_name, burners):
         res = mgr.apply([TenantSpec("b")])
         assert res.removed == ["a"]
         assert not mgr.paths("a").v2.exists() and not mgr.paths("a").cpu.exists()
-        assert f"0::/\n" in open(f"/proc/{pid}/cgroup").read()
+        assert "0::/\n" in open(f"/proc/{pid}/cgroup").read()
     finally:
         mgr.close(remove=True)

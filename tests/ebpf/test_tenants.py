@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from ebpf.cgroups import QuotaError, TenantSpec
-from ebpf.tenants import load_tenants, tenants_from
+from ebpf.tenants import config_snapshot_path, load_tenants, tenants_from
 
 pytestmark = pytest.mark.ebpf
 
@@ -25,6 +25,17 @@ def test_gateway_config(write_config):
             - id: free
     """)
     assert load_tenants(str(path)) == [TenantSpec("acme", 0.5, 0.2), TenantSpec("free", None, 0.0)]
+    assert config_snapshot_path(str(path)) is None
+
+
+def test_snapshot_path_from_the_gateway_config(write_config):
+    path = write_config("""
+        spec:
+          tenancy: {snapshot: /dev/shm/x/y.snap}
+          tenants: [{id: a}]
+    """)
+    assert config_snapshot_path(str(path)) == "/dev/shm/x/y.snap"
+    assert config_snapshot_path("a=1") is None
 
 
 def test_tenants_file_with_pids(write_config):

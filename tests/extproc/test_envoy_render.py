@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from extproc.cli import envoy_validate, main
-from extproc.config.loader import load_file
+from extproc.config.loader import load_file, load_text
 from extproc.envoy_render import PROCESSOR_CLUSTER, processing_mode, render, render_yaml
 from tests.conftest import BRIEF_EXAMPLE, REPO
 
@@ -22,13 +22,18 @@ def routes_of(bootstrap):
 
 def test_each_route_gets_only_the_phases_its_pipeline_uses():
     snap = load_file(REPO / "examples" / "finance-llm-adapter.yaml")
-    assert processing_mode(snap.routes["v1-chat-completions"]) == {
-        "request_header_mode": "SEND", "response_header_mode": "SKIP",
-        "request_body_mode": "NONE", "response_body_mode": "NONE"}
+    headers_only = {"request_header_mode": "SEND", "response_header_mode": "SKIP",
+                    "request_body_mode": "NONE", "response_body_mode": "NONE"}
+    assert processing_mode(snap.routes["v2"]) == headers_only  # kserve: dispatch on the path only
     assert processing_mode(snap.routes["v1-analyze"]) == {
         "request_header_mode": "SEND", "response_header_mode": "SEND",
         "request_body_mode": "BUFFERED", "response_body_mode": "BUFFERED"}
+    assert processing_mode(snap.routes["v1"]) == {  # openai: SSE goes through chunk by chunk
+        "request_header_mode": "SEND", "response_header_mode": "SEND",
+        "request_body_mode": "BUFFERED", "response_body_mode": "STREAMED"}
     assert processing_mode(snap.routes["adapter-health"])["response_header_mode"] == "SKIP"
+    passthrough = load_text(BRIEF_EXAMPLE.read_text() + "    - {path: /p, target: finance-backend}\n")
+    assert processing_mode(passthrough.routes["p"]) == headers_only
 
 
 def test_routing_entries_policy_and_catch_all():
@@ -36,8 +41,11 @@ def test_routing_entries_policy_and_catch_all():
     hcm, routes = routes_of(render(snap, workers=3))
     names = [r["name"] for r in routes]
     # processor-chosen entries first, then client paths, then the 404 catch-all without ext_proc
-    assert names == ["v1-analyze--finance-backend", "v1-chat-completions--finance-backend", "v1-analyze",
-                     "v1-chat-completions", "adapter-health", "not-found"]
+    assert names == ["v1-analyze--finance-backend", "v1-fraud-score--ort", "v1--finance-backend", "v2--ort",
+                     "v1-analyze", "v1-fraud-score", "adapter-health", "v1", "v2", "not-found"]
+    # exact paths first, then prefixes longest first
+    assert [r["match"].get("path") or r["match"].get("prefix") for r in routes[4:9]] == [
+        "/v1/analyze", "/v1/fraud-score", "/health/adapter", "/v1/", "/v2"]
     pick = routes[0]
     assert {h["name"] for h in pick["match"]["headers"]} == {"x-adapter-backend", "x-adapter-route-target"}
     assert pick["request_headers_to_remove"] == ["x-adapter-backend", "x-adapter-route-target"]

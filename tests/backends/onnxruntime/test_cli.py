@@ -48,3 +48,21 @@ def test_missing_repository_folder_serves_nothing_but_stays_up(tmp_path: Path) -
         assert stop_server_process(server.process) < 2.0
     finally:
         stop_server_process(server.process)
+
+
+def test_hypercorn_front_end_serves_h2c_and_strict_readiness(tmp_path: Path, test_repository: Path) -> None:
+    server = start_server(test_repository, tmp_path / "stderr.log", "--http-server", "hypercorn",
+                          "--strict-readiness")
+    try:
+        # strict: the test repository holds broken models, so the server is live but not ready
+        assert httpx.get(f"{server.base}/v2/health/live", timeout=5).status_code == 200
+        assert httpx.get(f"{server.base}/v2/health/ready", timeout=5).json() == {"ready": False}
+        body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+        with httpx.Client(http1=False, http2=True, timeout=5) as h2:  # prior knowledge: cleartext HTTP/2
+            response = h2.post(f"{server.base}/v2/models/risk-classifier/infer", json=body)
+        assert response.http_version == "HTTP/2"
+        assert response.status_code == 200
+        assert [o["name"] for o in response.json()["outputs"]] == ["probabilities", "label"]
+        assert stop_server_process(server.process) < 2.0
+    finally:
+        stop_server_process(server.process)

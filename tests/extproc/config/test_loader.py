@@ -49,9 +49,10 @@ def test_brief_example_loads_as_is_with_documented_defaults():
 
 def test_example_config_in_repo_is_valid():
     snap = load_file(REPO / "examples" / "finance-llm-adapter.yaml")
-    assert snap.routes["v1-chat-completions"].kind == "passthrough"
+    assert snap.routes["v1"].kind == "openai" and snap.routes["v1"].match == "prefix"
     # both routes share the implicit backend defined by the same host:port
-    assert snap.routes["v1-chat-completions"].backend is snap.routes["v1-analyze"].backend
+    assert snap.routes["v1"].backend is snap.routes["v1-analyze"].backend
+    assert snap.routes["v1-fraud-score"].backend.kind == "onnxruntime"
 
 
 def test_snapshot_is_immutable():
