@@ -13,7 +13,7 @@ ENVOY_VERSION := 1.40.0
 CONFIG ?= examples/finance-llm-adapter.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test setup envoy perf render clean
+.PHONY: run test setup envoy ebpf-setup perf render clean
 
 run: setup
 	$(VENV)/bin/adapterctl up $(CONFIG) --simulate
@@ -21,7 +21,11 @@ run: setup
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-setup: $(STAMP) $(ENVOY)
+setup: $(STAMP) $(ENVOY) ebpf-setup
+
+# BCC, kernel headers, tracefs for the tenant agent (as root; prints one line and goes on otherwise).
+ebpf-setup:
+	@bash scripts/setup-ebpf.sh
 
 $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required, found " + sys.version'
@@ -45,6 +49,10 @@ render: setup
 
 perf: setup
 	$(VENV)/bin/python perf/bench_overhead.py
+	$(VENV)/bin/python perf/bench_streaming.py
+	$(VENV)/bin/python perf/bench_ort_batching.py
+	$(VENV)/bin/python perf/bench_mapping.py
+	$(VENV)/bin/python perf/bench_ebpf_overhead.py
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache

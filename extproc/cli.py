@@ -186,6 +186,24 @@ def _pretty(data: bytes) -> str:
         return data.decode("utf-8", "replace")
 
 
+def cmd_quota(args: argparse.Namespace) -> int:
+    from ebpf.quota import main as quota_main
+
+    return quota_main(args.rest)
+
+
+def cmd_rtt(args: argparse.Namespace) -> int:
+    from ebpf.rtt import main as rtt_main
+
+    return rtt_main(args.rest)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from ebpf.agent import main as agent_main
+
+    return agent_main(args.rest)
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from extproc.server import WorkerSettings, run_worker
 
@@ -237,6 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=60.0)
     s.set_defaults(fn=cmd_test)
 
+    for name, fn, text in (
+        ("quota", cmd_quota, "per-tenant CPU use against the quota, throttling, admissions (--watch for live)"),
+        ("rtt", cmd_rtt, "per-upstream TCP RTT histograms measured by the eBPF agent"),
+        ("agent", cmd_agent, "run the tenant agent (eBPF CPU/RTT measurement, cgroup quotas); needs root"),
+    ):
+        s = sub.add_parser(name, help=text, add_help=False)
+        s.add_argument("rest", nargs=argparse.REMAINDER)
+        s.set_defaults(fn=fn)
+
     s = sub.add_parser("worker", help=argparse.SUPPRESS)
     s.add_argument("--config", required=True)
     s.add_argument("--address", default="127.0.0.1")
@@ -249,7 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_DELEGATED = {"quota": "ebpf.quota", "rtt": "ebpf.rtt", "agent": "ebpf.agent"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-") and a not in ("debug", "info", "warning", "error")), None)
+    if command in _DELEGATED:  # bcc-style tools with their own argparse (and --help, --ebpf)
+        import importlib
+
+        rest = argv[argv.index(command) + 1:]
+        return importlib.import_module(_DELEGATED[command]).main(rest)
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -105,10 +105,13 @@ class Stack:
     log_level: str = "warning"
     simulator_args: tuple[str, ...] = ()
     record_dir: str | None = None  # processor workers record every ProcessingRequest here
+    agent: bool | None = None  # the tenant agent; None: when tenants have CPU limits and we are root
+    agent_name: str = "adapter-gateway"  # cgroup root and snapshot name of the agent
     snapshot: Snapshot | None = field(default=None, init=False)
     simulators: dict[str, tuple[subprocess.Popen, int]] = field(default_factory=dict, init=False)
     supervisor: Supervisor | None = field(default=None, init=False)
     envoy: subprocess.Popen | None = field(default=None, init=False)
+    agent_proc: subprocess.Popen | None = field(default=None, init=False)
     envoy_config: str = field(default="", init=False)
 
     @property
@@ -170,6 +173,7 @@ class Stack:
                 wait_http(f"http://127.0.0.1:{port}{health}", 60, p, f"embedded backend for {name}")
             snap = snap.with_endpoints(overrides)
         self.snapshot = snap
+        self._start_agent(snap)
 
         self.supervisor = Supervisor(
             self.config_path, processor.bind_address or processor.address, processor.base_port, workers, processor.admin_port,
@@ -191,6 +195,26 @@ class Stack:
         wait_http(f"{self.admin_url}/ready", 30, self.envoy, "envoy")
         wait_http(f"{self.url}/__adapter_not_a_route__", 10, self.envoy, "envoy listener")
 
+    def _start_agent(self, snap: Snapshot) -> None:
+        """The tenant agent (cgroups, eBPF CPU and RTT, the snapshot admission reads), before the processor."""
+        wanted = self.agent
+        if wanted is None:
+            wanted = any(t.cpu is not None for t in snap.tenants) and os.geteuid() == 0
+        if not wanted:
+            return
+        ports = sorted({p for b in snap.backends.values() for _, p in b.endpoints})
+        cmd = [sys.executable, "-m", "ebpf.agent", "--tenants", self.config_path, "--name", self.agent_name,
+               "--snapshot", snap.tenancy.snapshot, "--rtt-ports", ",".join(map(str, ports)) or "all", "--cleanup"]
+        self.agent_proc = subprocess.Popen(cmd, preexec_fn=die_with_parent, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not Path(snap.tenancy.snapshot).exists():
+            if self.agent_proc.poll() is not None:
+                raise RuntimeError(f"tenant agent exited with code {self.agent_proc.returncode} during start-up")
+            if time.monotonic() > deadline:
+                raise RuntimeError("tenant agent published no snapshot within 60s")
+            time.sleep(0.1)
+        log.warning("tenant agent running (pid %d), snapshot %s", self.agent_proc.pid, snap.tenancy.snapshot)
+
     def _start_ort(self, name: str, backend, port: int) -> None:
         """KServe backends get our real ONNX Runtime server with its demo models (real inference)."""
         repo = Path(self.run_dir or tempfile.mkdtemp(prefix="adapter-gateway-")) / f"models-{name}"
@@ -208,6 +232,7 @@ class Stack:
             self.supervisor.stop()
         for p, _ in self.simulators.values():
             _stop_proc(p)
+        _stop_proc(self.agent_proc)
 
     def __enter__(self) -> "Stack":
         return self.start()

@@ -68,8 +68,8 @@ def parse_cpu(value: Any) -> float:
             cpus = float(s[:-1]) / 1000 if s.endswith("m") else float(s)
         except ValueError:
             raise ValueError(f"invalid CPU quantity {value!r}: expected CPUs (0.5) or millicores ('500m')") from None
-    if not 0 < cpus <= 1024:
-        raise ValueError(f"CPU limit must be > 0 and <= 1024 CPUs, got {value!r}")
+    if not 0.001 <= cpus <= 1024:
+        raise ValueError(f"CPU limit must be between 1m (0.001, the kernel's CFS floor) and 1024 CPUs, got {value!r}")
     return cpus
 
 

@@ -18,6 +18,8 @@ vocabulary, the dialect OpenAI, Anthropic and MCP tool schemas use) equivalent t
   ``externalDocs``) and ``x-`` extensions are dropped.
 * ``direction="request"`` drops ``readOnly`` properties (a client must not send them, and they
   leave ``required``); ``"response"`` drops ``writeOnly`` ones; ``"any"`` keeps both.
+* A ``pattern`` that Python's ``re`` cannot compile (ECMA-262 only syntax such as ``\\p{L}``) is
+  dropped: argument validation must never fail on the schema itself; the service still checks it.
 * ``allOf`` whose parts are all plain object schemas (``properties``/``required``/...) is merged
   into one object schema, which LLMs follow better; anything else is kept as ``allOf``.
 
@@ -32,6 +34,7 @@ times fails fast instead of growing without bound.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from extproc.semantic.openapi import Resolver
@@ -160,6 +163,8 @@ class _Expander:
             elif key in ("minimum", "maximum") and node.get(
                     "exclusiveMinimum" if key == "minimum" else "exclusiveMaximum") is True:
                 continue
+            elif key == "pattern" and not _compiles(value):
+                continue
             else:
                 out[key] = value
         if "example" in node and "examples" not in node:
@@ -203,6 +208,15 @@ class _Expander:
                 extra, n, c = self.convert(siblings, base, ptr, depth)
                 return _merge_all_of({"allOf": [schema, extra]}), size + n + 1, cut or c
         return schema, size, cut
+
+
+def _compiles(pattern: Any) -> bool:
+    """Whether Python's re (which jsonschema uses) accepts an ECMA-262 ``pattern``."""
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError):
+        return False
+    return True
 
 
 def _esc(token: str) -> str:

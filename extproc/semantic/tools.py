@@ -38,8 +38,8 @@ A tool without a merged body has ``additionalProperties: false``. Header paramet
 
 **Skipped** operations (listed in `ToolSet.skipped` with the reason, never silently): ones with
 ``callbacks``; request bodies with no JSON media type (``multipart/form-data``,
-``application/x-www-form-urlencoded``, ``application/octet-stream``...) and Swagger ``formData``
-parameters; ``type: file``; parameter serialisation styles this module cannot produce; ``$ref``
+``application/x-www-form-urlencoded``, ``application/octet-stream``...; an optional one whose schema
+declares no fields is just not sent, with a warning) and Swagger ``formData`` parameters; ``type: file``; parameter serialisation styles this module cannot produce; ``$ref``
 to URLs; schemas that expand past ``max_schema_nodes``. 3.1 ``webhooks`` are not operations of
 the service and are not tools.
 
@@ -546,6 +546,10 @@ class _Builder:
         content = body.get("content") or {}
         media = _pick_json_media(content)
         if media is None:
+            if body.get("required") is not True and all(_empty_body(mt, self.resolver) for mt in content.values()):
+                self.warnings.append(Notice(f"{pointer}/requestBody", "an optional request body with no fields "
+                                            f"({', '.join(map(str, content))}) is not sent"))
+                return None, False, "", None
             raise _Skip(f"the request body is {', '.join(map(str, content)) or 'empty'}; only JSON request "
                         "bodies are supported")
         mt = content[media] if isinstance(content[media], dict) else {}
@@ -557,6 +561,19 @@ class _Builder:
         content_type = "application/json" if "*" in media else media.split(";")[0].strip()
         desc = body.get("description") if isinstance(body.get("description"), str) else None
         return schema, body.get("required") is True, content_type, desc
+
+
+def _empty_body(media_type: Any, resolver: Resolver) -> bool:
+    """Whether a (non-JSON) media type's schema declares no fields (Stripe's GETs carry such bodies)."""
+    if not isinstance(media_type, dict):
+        return True
+    try:
+        schema, _ = resolver.deref(media_type.get("schema") or {})
+    except LookupError:
+        return False
+    return isinstance(schema, dict) and not schema.get("properties") and not schema.get("required") and not any(
+        k in schema for k in ("allOf", "anyOf", "oneOf", "items", "patternProperties")) and schema.get(
+        "additionalProperties") in (None, False)
 
 
 def _mergeable(body: dict, taken: dict) -> bool:

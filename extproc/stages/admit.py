@@ -5,8 +5,11 @@ arrives as stream metadata (`x-adapter-tenant`), which Envoy fills per route fro
 header (set by Envoy from a verified JWT claim, or by an authenticating proxy in front) or, on a
 route that declares `policy.tenantHeader`, from that client header. No tenant is a 401, an unknown
 one a 403. A tenant with a CPU quota is refused with 429, `Retry-After` and a JSON error naming the
-tenant and the quota while the tenant agent's measured CPU use over its last window is above
-`limit * (1 + burst)`; other tenants are unaffected. The agent's numbers come from its shared-memory
+tenant and the quota while, over the tenant agent's last window, its measured CPU use is above
+`limit * (1 + burst)` OR the kernel throttled its cgroup for more than `burst` of the window. The
+second test matters because the cgroup's CFS quota caps measured use at the limit: a tenant pinned
+at its cap is demanding more than its quota, and shows it only by being throttled. Other tenants
+are unaffected. The agent's numbers come from its shared-memory
 snapshot (`ebpf/snapshot.py`), read in place without blocking; a snapshot older than
 `tenancy.staleAfter` (agent dead or stuck) is marked stale and `tenancy.stalePolicy` applies
 (default: admit), as does a missing one.
@@ -79,12 +82,16 @@ class Admit:
         self._warned_stale = False
         allowance = tenant.cpu.limit * (1.0 + tenant.cpu.burst)
         used = view.cpu_used
-        if used > allowance:
+        window_ns = max(1, view.window_end_mono_ns - view.window_start_mono_ns)
+        throttled = view.throttled_window_ns / window_ns
+        if used > allowance or throttled > tenant.cpu.burst:
             body = orjson.dumps({"error": {
                 "status": 429, "code": "tenant_over_quota",
-                "message": f"tenant {tenant_id} used {used:.3f} CPU over the last window; its quota is "
-                           f"{tenant.cpu.limit:g} CPU (+{tenant.cpu.burst:.0%} burst)",
-                "tenant": tenant_id, "cpu_used": round(used, 4), "cpu_limit": tenant.cpu.limit,
+                "message": f"tenant {tenant_id} used {used:.3f} CPU over the last window and was throttled "
+                           f"{throttled:.0%} of it; its quota is {tenant.cpu.limit:g} CPU "
+                           f"(+{tenant.cpu.burst:.0%} burst)",
+                "tenant": tenant_id, "cpu_used": round(used, 4), "throttled_share": round(throttled, 4),
+                "cpu_limit": tenant.cpu.limit,
                 "burst": tenant.cpu.burst, "retry_after_s": tenancy.retry_after, "route": route.name,
                 "request_id": state.request_id}})
             return Reject(429, body, "tenant_over_quota", headers=(("retry-after", str(tenancy.retry_after)),))

@@ -55,7 +55,7 @@ spec:
     - {{path: /v1/chat/completions, kind: openai}}
     - {{path: /v1/completions, kind: openai, policy: {{tenantHeader: x-team}}}}
 """)
-    st = make_stack(cfg, simulate=True)
+    st = make_stack(cfg, simulate=True, agent=False)  # the tests publish the snapshot themselves
     st.start()
     yield st
     st.stop()

@@ -128,7 +128,7 @@ def test_port_clash_is_refused():
 def test_tenant_cpu_quantities():
     snap = load_text(MINIMAL + "  tenants:\n    - {id: a, cpu: {limit: 500m}}\n    - {id: b, cpu: {limit: 1.5}}\n")
     assert [t.cpu.limit for t in snap.tenants] == [0.5, 1.5]
-    assert "CPU limit must be > 0" in refused(MINIMAL + "  tenants:\n    - {id: a, cpu: {limit: 0}}\n")
+    assert "CPU limit must be between 1m" in refused(MINIMAL + "  tenants:\n    - {id: a, cpu: {limit: 0}}\n")
 
 
 def test_unreadable_and_non_utf8_files(tmp_path):

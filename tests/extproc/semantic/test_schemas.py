@@ -144,3 +144,9 @@ def test_unsupported_constructs_name_where():
         to_json_schema(Resolver(spec_of({})), {"$ref": "#/components/schemas/Missing"}, version="3.0")
     with pytest.raises(ValueError, match="direction"):
         to_json_schema(Resolver(spec_of({})), {}, version="3.0", direction="sideways")
+
+
+def test_patterns_python_cannot_compile_are_dropped():
+    out = convert({"A": {"type": "object", "properties": {"ok": {"type": "string", "pattern": "^[a-z]+$"},
+                                                          "ecma": {"type": "string", "pattern": "^\\p{L}+$"}}}}, "A")
+    assert out["properties"]["ok"]["pattern"] == "^[a-z]+$" and "pattern" not in out["properties"]["ecma"]

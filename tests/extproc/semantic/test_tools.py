@@ -259,6 +259,17 @@ def test_unsupported_operations_are_skipped_with_a_reason(op, reason):
     assert reason in ts.skipped[0].reason and ts.skipped[0].pointer == "/paths/~1p/post"
 
 
+def test_optional_empty_non_json_body_is_not_sent():
+    # Stripe's GET operations carry an optional form body that declares no fields
+    empty = {"required": False, "content": {"application/x-www-form-urlencoded": {"schema": {
+        "type": "object", "properties": {}, "additionalProperties": False}}}}
+    ts = tools_of({"/p": {"get": {"requestBody": empty, "responses": OK}}})
+    assert [t.name for t in ts.tools] == ["get_p"] and ts.tools[0].body is None
+    assert "is not sent" in ts.warnings[0].message
+    with_fields = {"content": {"application/x-www-form-urlencoded": {"schema": {"properties": {"a": {}}}}}}
+    assert tools_of({"/p": {"post": {"requestBody": with_fields, "responses": OK}}}).skipped
+
+
 def test_swagger2_form_data_and_collection_formats():
     s = parse_spec({"swagger": "2.0", "info": {"title": "t", "version": "1"}, "paths": {"/p": {
         "post": {"parameters": [{"name": "f", "in": "formData", "type": "string"}], "responses": OK},

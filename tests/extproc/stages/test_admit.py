@@ -72,6 +72,22 @@ def test_over_quota_is_429_naming_tenant_and_quota_and_others_are_unaffected(wri
     assert admit(snap, "acme", stage)[0] is None
 
 
+def test_a_tenant_throttled_at_its_cap_is_over_quota(writer):
+    snap = load_text(config(writer.path))
+    now = time.monotonic_ns()
+    window = dict(window_start_mono_ns=now - 10**9, window_end_mono_ns=now)
+    # globex (burst 0) at its cap of 1 CPU, throttled 30% of the window: wants more than its quota
+    writer.write(SnapshotData(tenants=[TenantSample(id="globex", cpu_used=1.0, throttled_window_ns=3 * 10**8,
+                                                    **window)]))
+    v, _ = admit(load_text(config(writer.path)), "globex")
+    assert v.status == 429 and orjson.loads(v.body)["error"]["throttled_share"] == 0.3
+    time.sleep(0.01)
+    # acme (burst 0.5) may be throttled up to half the window
+    writer.write(SnapshotData(tenants=[TenantSample(id="acme", cpu_used=0.2, throttled_window_ns=3 * 10**8,
+                                                    **window)]))
+    assert admit(snap, "acme")[0] is None
+
+
 def test_stale_or_missing_snapshot_follows_the_policy(writer, tmp_path):
     admit_snap = load_text(config(tmp_path / "never-written.snap"))
     v, st = admit(admit_snap, "acme")
@@ -93,5 +109,5 @@ def test_config_checks_for_tenancy():
 
     with pytest.raises(ConfigError, match="source: jwt needs a jwt block"):
         load_text(jwt_without_block)
-    with pytest.raises(ConfigError, match="CPU limit must be > 0"):
+    with pytest.raises(ConfigError, match="CPU limit must be between 1m"):
         load_text(base.replace("limit: 0.2", "limit: -1"))

@@ -1,0 +1,80 @@
+"""Admission control with the real tenant agent: a CPU burner in a tenant's cgroup gets it 429s.
+
+Needs root (the agent creates cgroups); it uses eBPF when BCC loads, else the agent's polling
+fallback. The agent's window is 1 s: 429s must start within two windows of the tenant going over
+its quota, and stop within two windows of it recovering, while another tenant is unaffected.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+WINDOW = 1.0
+
+if os.geteuid() != 0:
+    pytest.skip("the tenant agent creates cgroups: needs root", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    from tests.e2e.conftest import make_stack
+
+    base = tmp_path_factory.mktemp("quota")
+    cfg = base / "gateway.yaml"
+    cfg.write_text(f"""
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {{name: quota-e2e}}
+spec:
+  modelRef: qwen2.5-finance
+  tenancy: {{snapshot: {base / "agent.snap"}, staleAfter: 3s}}
+  tenants: [{{id: busy, cpu: {{limit: 0.2}}}}, {{id: calm, cpu: {{limit: 1}}}}]
+  backends: [{{name: llm, endpoints: ["llm.invalid:8000"]}}]
+  routes: [{{path: /v1/completions, kind: openai, policy: {{tenantHeader: x-team}}}}]
+""")
+    st = make_stack(cfg, simulate=True, agent=True, agent_name=f"agw-e2e-{os.getpid()}")
+    st.start()
+    yield st
+    st.stop()
+
+
+def ask(stack, team: str) -> httpx.Response:
+    return httpx.post(f"{stack.url}/v1/completions", headers={"x-team": team}, timeout=10,
+                      json={"model": "qwen2.5-finance", "prompt": "q", "max_tokens": 1})
+
+
+def wait_for(stack, team: str, status: int, limit: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        if ask(stack, team).status_code == status:
+            return time.monotonic() - started
+        time.sleep(0.05)
+    pytest.fail(f"tenant {team} did not get {status} within {limit}s")
+
+
+def test_over_quota_tenant_is_refused_and_recovers(stack):
+    from ebpf.cgroups import CgroupManager
+
+    assert ask(stack, "busy").status_code == 200 and ask(stack, "calm").status_code == 200
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        CgroupManager(stack.agent_name).place("busy", burner.pid)
+        took = wait_for(stack, "busy", 429, 10)
+        assert took <= 2 * WINDOW, f"429s started {took:.2f}s after the tenant crossed its quota"
+        r = ask(stack, "busy")
+        assert r.status_code == 429 and r.json()["error"]["tenant"] == "busy" and "retry-after" in r.headers
+        assert ask(stack, "calm").status_code == 200  # the other tenant is unaffected
+    finally:
+        burner.kill()
+        burner.wait()
+    recovered = wait_for(stack, "busy", 200, 10)
+    assert recovered <= 2 * WINDOW + 0.5, f"429s went on for {recovered:.2f}s after the tenant recovered"
+    text = httpx.get(f"{stack.processor_admin_url}/metrics", timeout=5).text
+    assert 'adapter_processor_admission_total{result="rejected",tenant="busy"}' in text
