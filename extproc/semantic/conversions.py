@@ -40,6 +40,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
+import time
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -56,6 +57,7 @@ _INT_RE = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")
 _NUM_RE = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\Z")
 _MIN_UNIX = -62135596800  # 0001-01-01T00:00:00Z
 _MAX_UNIX = 253402300799  # 9999-12-31T23:59:59Z
+_YEAR_1000 = -30610224000  # 1000-01-01T00:00:00Z
 
 
 class ConversionError(ValueError):
@@ -170,10 +172,16 @@ def _unix_to_iso(kind: str, unit: str, form: str) -> Callable[[Any], Any]:
             whole, micro = divmod(round(v * (1_000_000 // per_second)), 1_000_000)
         if not _MIN_UNIX <= whole <= _MAX_UNIX:
             raise ConversionError(kind, f"{v!r} is outside years 1-9999", v)
-        when = _EPOCH + _dt.timedelta(seconds=whole)
-        if form == "date":
-            return when.date().isoformat()
-        text = when.isoformat()[:19]  # YYYY-MM-DDTHH:MM:SS (isoformat pads the year to 4 digits)
+        if form == "datetime" and whole >= _YEAR_1000:
+            try:  # fast path (about 1 µs): C gmtime/strftime; %Y is 4 digits from year 1000 on
+                text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+            except (OSError, OverflowError, ValueError):
+                text = (_EPOCH + _dt.timedelta(seconds=whole)).isoformat()[:19]
+        else:
+            when = _EPOCH + _dt.timedelta(seconds=whole)
+            if form == "date":
+                return when.date().isoformat()
+            text = when.isoformat()[:19]  # YYYY-MM-DDTHH:MM:SS (isoformat pads the year to 4 digits)
         if not micro:
             return text + (".000Z" if unit == "ms" else "Z")
         digits = f"{micro:06d}".rstrip("0")
