@@ -14,6 +14,7 @@ from typing import Mapping
 def adapter_kinds() -> Mapping[str, type]:
     from backends.kserve import OnnxRuntimeAdapter, TritonAdapter
     from backends.openai import OpenAIAdapter, VllmAdapter
+    from backends.rest import RestAdapter
 
-    kinds = (OpenAIAdapter, VllmAdapter, TritonAdapter, OnnxRuntimeAdapter)
+    kinds = (OpenAIAdapter, VllmAdapter, TritonAdapter, OnnxRuntimeAdapter, RestAdapter)
     return MappingProxyType({k.kind: k for k in kinds})

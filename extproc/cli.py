@@ -6,6 +6,9 @@ Examples:
   adapterctl up examples/finance-llm-adapter.yaml --simulate        # what `make run` does
   adapterctl serve examples/finance-llm-adapter.yaml --workers 2    # processor only
   adapterctl test --route=/v1/analyze --input='{"query":"计算Q3营收"}'
+  adapterctl tools tests/data/openapi/petstore.yaml --format mcp
+  adapterctl align LEGACY.yaml ADAPTER_SCHEMA.json -o mapping.yaml --report report.md
+  adapterctl quota --watch                                         # tenants' CPU against quotas
 Exit codes: 0 ok, 1 invalid config or failed check, 2 usage error, 3 start-up failure.
 """
 
@@ -254,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--url", default="http://127.0.0.1:8080", help="gateway URL")
     s.add_argument("--timeout", type=float, default=60.0)
     s.set_defaults(fn=cmd_test)
+
+    from extproc.semantic.cli import register
+
+    register(sub)  # tools, align
 
     for name, fn, text in (
         ("quota", cmd_quota, "per-tenant CPU use against the quota, throttling, admissions (--watch for live)"),

@@ -277,6 +277,8 @@ def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
                                     "request_body_mode": "NONE", "response_body_mode": "NONE"},
                 # Only to turn a body phase off (error responses pass through untouched).
                 "allow_mode_override": True,
+                # Tool routes set :method (the operation's); the processor is trusted with routing headers.
+                "mutation_rules": {"allow_all_routing": True},
                 "metadata_options": {"receiving_namespaces": {"untyped": ["adapter"]}},
             }},
             {"name": "envoy.filters.http.router", "typed_config": {

@@ -13,6 +13,7 @@ Cost: milliseconds; once per load.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from backends import adapter_kinds
@@ -87,13 +88,29 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             issue(base + ("kind",), f"a {kind} route forwards bodies as they are: request, transform and "
                   "outputSchema need kind: llm or tensor")
             continue
-        wanted_api = {"llm": "openai", "openai": "openai", "kserve": "kserve", "tensor": "kserve"}.get(kind)
+        wanted_api = {"llm": "openai", "openai": "openai", "kserve": "kserve", "tensor": "kserve",
+                      "tool": "rest", "rest": "rest"}.get(kind)
         wrong = [b.name for b in resolved if wanted_api and b.adapter.api != wanted_api]
         if wrong:
             issue(base + ("kind",), f"a {kind} route needs {wanted_api} backends; {', '.join(wrong)} "
                   f"speak{'s' if len(wrong) == 1 else ''} another API (see backends[].kind)")
             continue
-        if kind in ("llm", "tensor") and len(resolved) > 1:
+        tools = mapping = None
+        if kind == "tool":
+            tools = _load_tools(r.openapi, base, issues)
+            if tools is None:
+                continue
+        elif r.openapi:
+            issue(base + ("openapi",), "only tool routes read an OpenAPI document")
+            continue
+        if r.mapping:
+            if kind != "rest":
+                issue(base + ("mapping",), "only rest routes apply a field-mapping file")
+                continue
+            mapping = _load_mapping(r.mapping, base, issues)
+            if mapping is None:
+                continue
+        if kind in ("llm", "tensor", "tool", "rest") and len(resolved) > 1:
             issue(base + ("targets",), f"a {kind} route has one target")
             continue
         if r.match == "prefix" and kind in ("llm", "tensor"):
@@ -118,7 +135,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             name=name, path=r.path, kind=kind, backend=backend, model=model, request=request,
             transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,
             max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
-            tenant_header=r.policy.tenant_header,
+            tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping,
             backends=tuple(dict.fromkeys(resolved)),
         )
         routes[name] = _with_pipeline(route, build_pipeline, base, issue)
@@ -205,6 +222,40 @@ def _compile(text: str | None, path: tuple, issues: "_Issues"):
         first = issues.smap.content_lines.get(path)
         where = f"{issues.smap.filename}:{first + e.line - 1}" if first else issues.smap.where(path)
         issues.found.append(Issue(where, format_path(path), f"template error at line {e.line}, column {e.column}: {e.message}"))
+        return None
+
+
+def _relative(issues: "_Issues", name: str) -> Path:
+    p = Path(name)
+    return p if p.is_absolute() else Path(issues.smap.filename).resolve().parent / p
+
+
+def _load_tools(name: str | None, path: tuple, issues: "_Issues"):
+    """The tools of a tool route's OpenAPI document; load-time errors name the document's pointer."""
+    from extproc.semantic.openapi import SpecError, load_spec
+    from extproc.semantic.tools import build_tools
+
+    if not name:
+        issues.add(path + ("openapi",), "a tool route needs `openapi`: the service's OpenAPI document")
+        return None
+    try:
+        toolset = build_tools(load_spec(_relative(issues, name)))
+    except SpecError as e:
+        issues.add(path + ("openapi",), f"{name}: {e}")
+        return None
+    if not toolset.tools:
+        issues.add(path + ("openapi",), f"{name}: no operation could be turned into a tool")
+        return None
+    return toolset
+
+
+def _load_mapping(name: str, path: tuple, issues: "_Issues"):
+    from extproc.semantic.mapping import MappingError, load_mapping
+
+    try:
+        return load_mapping(_relative(issues, name))
+    except (MappingError, OSError, ValueError) as e:
+        issues.add(path + ("mapping",), f"{name}: {e}")
         return None
 
 

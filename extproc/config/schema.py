@@ -117,7 +117,7 @@ class ProcessorSpec(_Model):
 class BackendSpec(_Model):
     """A model server reachable through Envoy. `kind` names the wire API, `protocol` the transport."""
     name: Annotated[str, Field(pattern=DNS_LABEL)]
-    kind: Literal["openai", "vllm", "triton", "onnxruntime"] = "openai"
+    kind: Literal["openai", "vllm", "triton", "onnxruntime", "rest"] = "openai"
     protocol: Literal["http", "grpc"] | None = None  # default: spec.protocol
     endpoints: Annotated[tuple[str, ...], Field(min_length=1)]
     models: tuple[str, ...] = ()
@@ -142,7 +142,7 @@ class RoutePolicy(_Model):
     timeout: Duration = 60.0  # upstream request timeout (Envoy route timeout)
 
 
-RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor"]
+RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest"]
 
 
 class RouteSpec(_Model):
@@ -150,7 +150,9 @@ class RouteSpec(_Model):
 
     Kinds: `llm` adapts JSON in and out of a chat model; `passthrough` forwards as is; `openai`
     serves the OpenAI API (model-based dispatch, streaming, token usage); `kserve` passes KServe v2
-    paths through to the backend serving the model; `tensor` maps JSON to a model's input tensors.
+    paths through to the backend serving the model; `tensor` maps JSON to a model's input tensors;
+    `tool` executes LLM tool calls against a REST service described by OpenAPI; `rest` forwards to a
+    REST service with the body mapped by a field-mapping file (legacy-contract alignment).
     """
     path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")]
     match: Literal["exact", "prefix"] = "exact"  # prefix: every path starting with `path`
@@ -162,6 +164,8 @@ class RouteSpec(_Model):
     request: str | None = None  # template: client JSON -> backend request body
     transform: str | None = None  # template: backend output document -> client response
     output_schema: dict[str, Any] | None = None  # JSON Schema asked of the model; default: derived from transform
+    openapi: str | None = None  # tool routes: the service's OpenAPI document (path relative to this file)
+    mapping: str | None = None  # rest routes: a field-mapping file from `adapterctl align` (relative path)
     policy: RoutePolicy = RoutePolicy()
 
 

@@ -58,6 +58,8 @@ class Route:
     pipeline: Any = None  # extproc.pipeline.Pipeline
     match: str = "exact"  # or "prefix"
     tenant_header: str | None = None  # a client header this route trusts as the tenant id
+    tools: Any = None  # tool routes: extproc.semantic.tools.ToolSet
+    mapping: Any = None  # rest routes: extproc.semantic.mapping.CompiledMapping
     backends: tuple[Backend, ...] = ()  # every target; backend is backends[0]
 
     def backend_for_model(self, model: str | None) -> Backend | None:

@@ -151,7 +151,8 @@ class CompiledMapping:
             try:
                 _apply(doc, steps, fn)
             except ConversionError as e:
-                raise MappingError(path_text(steps), e.message, e) from None
+                # always the adapter schema's path: the contract the gateway's clients see
+                raise MappingError(path_text(fc.field), e.message, e) from None
         return doc
 
     def forward(self, legacy_doc: Any) -> Any:

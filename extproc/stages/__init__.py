@@ -8,6 +8,8 @@ Route kinds and their stages (the phases listed are exactly what Envoy is config
 - `openai`: request headers and body, response headers and (streamed) body -> `openai_api`.
 - `kserve`: request headers -> `body_limit`, `kserve_dispatch`.
 - `tensor`: like `llm`, with `model_metadata` before `encode_request` (KServe backends).
+- `tool`: request body -> `tool_call` (OpenAPI tool call executed on a REST service); response too.
+- `rest`: like `llm`, the body mapped by the route's field-mapping file both ways (REST backends).
 - `health`: request headers -> `health`.
 """
 
@@ -26,6 +28,7 @@ from extproc.stages.model_metadata import ModelMetadata
 from extproc.stages.openai_api import OpenAIApi
 from extproc.stages.parse_json import ParseJson
 from extproc.stages.select_backend import SelectBackend
+from extproc.stages.tool_call import ToolCall
 
 
 def build_pipeline(route: Any) -> Pipeline:
@@ -41,4 +44,8 @@ def build_pipeline(route: Any) -> Pipeline:
         return Pipeline([Admit(), BodyLimit(), ParseJson(), ModelMetadata(), EncodeRequest(), DecodeResponse()])
     if route.kind == "health":
         return Pipeline([Health()])
+    if route.kind == "tool":
+        return Pipeline([Admit(), BodyLimit(), ToolCall()])
+    if route.kind == "rest":
+        return Pipeline([Admit(), BodyLimit(), ParseJson(), EncodeRequest(), DecodeResponse()])
     raise ValueError(f"no pipeline for route kind {route.kind!r}")

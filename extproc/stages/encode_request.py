@@ -27,10 +27,11 @@ class EncodeRequest:
             return reject(400, e.code, e.message, path=e.path, route=route.name, request_id=state.request_id)
         state.backend = backend.name
         state.backend_request = encoded.body
+        path = ((":path", encoded.path),) if encoded.path else ()  # "": the client's path as it is
         return Mutate(
-            set_headers=((":path", encoded.path), ("content-type", encoded.content_type),
+            # a buffered body keeps an exact content-length (some upstreams refuse chunked requests)
+            set_headers=(*path, ("content-type", encoded.content_type), ("content-length", str(len(encoded.body))),
                          (BACKEND_HEADER, backend.name), (ROUTE_TARGET_HEADER, route.name)),
-            remove_headers=("content-length",),
             body=encoded.body,
             clear_route_cache=True,
         )

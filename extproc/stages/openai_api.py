@@ -84,7 +84,8 @@ class OpenAIApi:
             if not options.get("include_usage"):
                 body["stream_options"] = {**options, "include_usage": True}
                 state.attrs["strip_usage"] = True
-                return Mutate(verdict.set_headers, ("content-length",), orjson.dumps(body), True)
+                data = orjson.dumps(body)
+                return Mutate(verdict.set_headers + (("content-length", str(len(data))),), (), data, True)
         return verdict
 
     def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:

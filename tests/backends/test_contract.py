@@ -25,6 +25,8 @@ def fixture_for(kind: str) -> dict:
 
 
 def route_for(kind: str, fx: dict):
+    if fx["route"].get("mapping"):
+        fx = dict(fx, route=dict(fx["route"], mapping=str(DATA / fx["route"]["mapping"])))
     spec = {"apiVersion": "adapter.ai/v1", "kind": "AdapterGateway", "metadata": {"name": "contract"},
             "spec": {"backends": [{"name": "b", "kind": kind, "endpoints": ["127.0.0.1:9"]}],
                      "routes": [dict(fx["route"], target="b")]}}
@@ -35,7 +37,7 @@ def route_for(kind: str, fx: dict):
 def test_declares_its_api_health_and_metrics(kind):
     adapter = adapter_kinds()[kind]()
     fx = fixture_for(kind)
-    assert adapter.kind == kind and adapter.api in ("openai", "kserve")
+    assert adapter.kind == kind and adapter.api in ("openai", "kserve", "rest")
     assert adapter.default_health_path == fx["health_path"]
     for names in adapter.metric_names.values():
         assert names and all(isinstance(n, str) and n for n in names)
@@ -65,14 +67,17 @@ def test_errors_are_typed(kind):
     fx = fixture_for(kind)
     route = route_for(kind, fx)
     adapter = route.backend.adapter
-    with pytest.raises(BackendError) as e:
-        adapter.decode(route, 503, b'{"error": "overloaded"}')
-    assert e.value.status == 502 and "backend b" in e.value.message
+    if adapter.api != "rest":  # a REST service's errors are its answer (tool results carry them)
+        with pytest.raises(BackendError) as e:
+            adapter.decode(route, 503, b'{"error": "overloaded"}')
+        assert e.value.status == 502 and "backend b" in e.value.message
     with pytest.raises(BackendError):
         adapter.decode(route, 200, b"not json")
     with pytest.raises(InputError):
         if adapter.api == "kserve":
             adapter.encode(route, {"unrelated": True}, fx["metadata"])
+        elif adapter.api == "rest":
+            adapter.encode(route, {"orderId": "A-1"})  # the mapping needs createdAt and status
         else:
             _missing_request_field(kind)
 

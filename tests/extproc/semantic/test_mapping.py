@@ -47,7 +47,7 @@ def test_conversion_failures_name_the_field():
     assert exc.value.conversion_error.kind == "string_to_number"
     with pytest.raises(MappingError) as exc:
         m.inverse({"createdTs": "2024-05-01T12:00:00Z", "amt": 1, "items": [{"state": "LOST"}], "note": None})
-    assert exc.value.field == "$.lines[*].state"
+    assert exc.value.field == "$.items[*].state"  # the adapter-side (client's) field
 
 
 def test_to_dict_round_trips():

@@ -1,0 +1,88 @@
+"""Stage `tool-call`: execute an LLM tool call against the REST service its OpenAPI document describes.
+
+What: the client (an agent runtime) POSTs one tool call as OpenAI (`{"id", "type": "function",
+"function": {"name", "arguments"}}`), Anthropic (`{"type": "tool_use", "id", "name", "input"}`) or
+MCP (`{"name", "arguments"}`, or a JSON-RPC `tools/call` request). The tool is looked up among the
+route's tools (built from its `openapi` document at config load), the arguments are validated
+against the tool's schema (400 naming each bad field by JSON pointer), and the service request is
+built: method, path parameters substituted and percent-encoded, query, headers, JSON body. The
+processor rewrites the request into it and routes it to the route's backend. The service's answer,
+whatever its status, becomes the tool result in the caller's protocol (OpenAI `role: tool`
+message, Anthropic `tool_result` block, MCP `tools/call` result), returned with status 200: the
+tool call was executed; its outcome is in the result.
+Cost: one JSON parse, one jsonschema validation (validator built once per tool), one request build;
+on the way back one JSON parse and encode.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from extproc.pipeline import reject
+from extproc.semantic.toolcall import (ToolCallError, anthropic_tool_result, build_request, check_arguments,
+                                       mcp_call_result, openai_tool_message, parse_tool_call, resolve_tool,
+                                       tool_result)
+from extproc.stages.body_limit import check_length
+from extproc.stages.openai_api import route_to
+from extproc.types import HttpMessage, Mutate, Reject, RequestState, Verdict
+
+
+class ToolCall:
+    name = "tool-call"
+
+    def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
+        route = state.route
+        too_large = check_length(state, len(msg.body))
+        if too_large is not None:
+            return too_large
+        try:
+            doc = orjson.loads(msg.body)
+        except orjson.JSONDecodeError as e:
+            return reject(400, "malformed_json", f"request body is not valid JSON: {e}", route=route.name,
+                          request_id=state.request_id)
+        try:
+            call = parse_tool_call(doc)
+            tool = resolve_tool(route.tools, call.name)
+            args = check_arguments(tool, call.arguments)
+            req = build_request(tool, args)
+        except ToolCallError as e:
+            err = e.to_error()
+            err.update(route=route.name, request_id=state.request_id)
+            return Reject(e.status, orjson.dumps({"error": err}), e.code)
+        state.attrs["tool_call"] = call
+        if isinstance(doc, dict) and doc.get("jsonrpc") is not None:
+            state.attrs["jsonrpc_id"] = doc.get("id")  # answered with the id as sent (number or string)
+        state.backend_request = orjson.dumps({"method": req.method, "target": req.target,
+                                              "headers": dict(req.headers),
+                                              "body": orjson.loads(req.body) if req.body else None})
+        routed = route_to(state, route.backend)
+        headers = [(":method", req.method), (":path", req.target), *req.headers, *routed.set_headers]
+        if req.body is not None and not any(k == "content-type" for k, _ in req.headers):
+            headers.append(("content-type", "application/json"))
+        body = req.body or b""
+        headers.append(("content-length", str(len(body))))
+        return Mutate(tuple(headers), (), body, True)
+
+    def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
+        if "tool_call" not in state.attrs:
+            return Mutate(skip_body=True)  # answered before the call was made (e.g. 413): as it is
+        state.attrs["response_headers"] = msg.headers or {}
+        return None
+
+    def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
+        call = state.attrs["tool_call"]
+        result = tool_result(state.response_status or 0, state.attrs.get("response_headers", {}), msg.body)
+        if call.protocol == "anthropic":
+            out = anthropic_tool_result(result, call.call_id)
+        elif call.protocol == "mcp":
+            out = mcp_call_result(result)
+            if "jsonrpc_id" in state.attrs:
+                out = {"jsonrpc": "2.0", "id": state.attrs["jsonrpc_id"], "result": out}
+        else:
+            out = openai_tool_message(result, call.call_id)
+        return Mutate(set_headers=((":status", "200"), ("content-type", "application/json"),
+                                   ("x-adapter-tool-status", str(state.response_status or 0))),
+                      remove_headers=("content-length",), body=orjson.dumps(out))
+
+
+__all__ = ["ToolCall", "reject"]
