@@ -3,7 +3,10 @@
 What: `probe_backend(backend, timeout)` sends `GET <health_path>` to every endpoint, over HTTP/1.1
 for `protocol: http` or HTTP/2 with prior knowledge (h2c, the transport gRPC uses) for
 `protocol: grpc`, and reports per endpoint whether the answer came back, in that protocol, with a
-2xx status ("protocol negotiation"). A backend is ok when at least one endpoint is.
+2xx status ("protocol negotiation"). A health path shaped like a gRPC method
+(`/inference.GRPCInferenceService/ServerReady`, the default for KServe backends over gRPC) is
+called as gRPC instead, and must answer grpc-status 0 (and `ready: true`). A backend is ok when at
+least one endpoint is.
 Why: a backend that is up but speaks another protocol than Envoy's cluster is configured for fails
 every request; this catches it in one operator request.
 Cost: one short connection per endpoint, all in parallel, bounded by `timeout`; only on the health
@@ -59,6 +62,52 @@ async def _get_h2c(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, h
                 raise ConnectionError(f"HTTP/2 stream refused: {type(ev).__name__}")
 
 
+async def _grpc_unary_h2c(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
+                          path: str) -> tuple[str, int]:
+    """A gRPC call with an empty request message (a KServe `ServerReady`): 200 when grpc-status is 0."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, [(":method", "POST"), (":path", path), (":scheme", "http"), (":authority", host),
+                            ("content-type", "application/grpc"), ("te", "trailers"),
+                            ("user-agent", "adapter-probe")])
+    conn.send_data(sid, b"\x00\x00\x00\x00\x00", end_stream=True)  # one empty, uncompressed message
+    writer.write(conn.data_to_send())
+    await writer.drain()
+    fields: dict[str, str] = {}
+    payload = b""
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            raise ConnectionError("connection closed before a gRPC answer (does it speak gRPC over h2c?)")
+        try:
+            events = conn.receive_data(data)
+        except h2.exceptions.ProtocolError as e:
+            raise ConnectionError(f"not an HTTP/2 answer: {type(e).__name__}") from None
+        writer.write(conn.data_to_send())
+        for ev in events:
+            if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)) and ev.stream_id == sid:
+                fields.update(dict(ev.headers))
+            elif isinstance(ev, h2.events.DataReceived) and ev.stream_id == sid:
+                payload += ev.data
+                conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+            elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id == sid:
+                if fields.get("grpc-status", "") != "0":
+                    raise ConnectionError(f"gRPC {path} failed: grpc-status {fields.get('grpc-status', 'missing')} "
+                                          f"{fields.get('grpc-message', '')}".strip())
+                # KServe's ServerReady/ModelReady answer `ready: true` as field 1 = 1
+                not_ready = path.endswith("Ready") and payload[5:7] != b"\x08\x01"
+                return "HTTP/2", 503 if not_ready else 200
+            elif isinstance(ev, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                raise ConnectionError(f"HTTP/2 stream refused: {type(ev).__name__}")
+
+
+def is_grpc_method(path: str) -> bool:
+    """`/package.Service/Method`: probed with a gRPC call instead of an HTTP GET."""
+    parts = path.split("/")
+    return len(parts) == 3 and not parts[0] and "." in parts[1] and parts[2].isidentifier()
+
+
 async def probe_endpoint(host: str, port: int, path: str, protocol: str, timeout: float) -> dict[str, Any]:
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     started = time.perf_counter()
@@ -67,7 +116,10 @@ async def probe_endpoint(host: str, port: int, path: str, protocol: str, timeout
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host, port)
-            get = _get_h2c if protocol == "grpc" else _get_http1
+            if protocol == "grpc":
+                get = _grpc_unary_h2c if is_grpc_method(path) else _get_h2c
+            else:
+                get = _get_http1
             version, status = await get(reader, writer, address, path)
         result["latency_ms"] = round((time.perf_counter() - started) * 1000, 2)
         result["http_version"] = version

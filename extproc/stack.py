@@ -218,10 +218,13 @@ class Stack:
     def _start_ort(self, name: str, backend, port: int) -> None:
         """KServe backends get our real ONNX Runtime server with its demo models (real inference)."""
         repo = Path(self.run_dir or tempfile.mkdtemp(prefix="adapter-gateway-")) / f"models-{name}"
+        http_port = free_port() if backend.protocol == "grpc" else port  # grpc: `port` is the gRPC one
         cmd = [sys.executable, "-m", "backends.onnxruntime", "--repository", str(repo), "--build-demo-models",
-               "--host", "127.0.0.1", "--port", str(port), "--log-level", self.log_level]
+               "--host", "127.0.0.1", "--port", str(http_port), "--log-level", self.log_level]
+        if backend.protocol == "grpc":
+            cmd += ["--grpc-port", str(port)]
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent, start_new_session=True)
-        self.simulators[name] = (p, port)
+        self.simulators[name] = (p, http_port)
         stand_in = " standing in for Triton (both speak KServe v2)" if backend.kind == "triton" else ""
         log.warning("backend %s -> ONNX Runtime KServe server at 127.0.0.1:%d with demo models%s", name, port,
                     stand_in)

@@ -51,10 +51,14 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             issue(("spec", "backends", i, "name"), f"duplicate backend name {b.name!r}")
             continue
         adapter = kinds[b.kind]()
+        protocol = b.protocol or spec.protocol
+        default_health = adapter.default_health_path
+        if adapter.api == "kserve" and protocol == "grpc":
+            default_health = "/inference.GRPCInferenceService/ServerReady"
         backends[b.name] = Backend(
-            name=b.name, kind=b.kind, protocol=b.protocol or spec.protocol,
+            name=b.name, kind=b.kind, protocol=protocol,
             endpoints=tuple(split_host_port(e) for e in b.endpoints), models=b.models,
-            health_path=b.health_path or adapter.default_health_path, timeout=b.timeout,
+            health_path=b.health_path or default_health, timeout=b.timeout,
             implicit=False, adapter=adapter,
         )
 
