@@ -22,6 +22,7 @@ Run:  python -m ebpf.agent --tenants CONFIG.yaml --rtt-ports 8000 --metrics-port
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import logging
 import os
 import signal
@@ -97,6 +98,7 @@ class Agent:
         self.recreated_events: list[dict[str, list[str]]] = []
         self._metrics_server = None
         self._warned = False
+        self._last_scan = 0.0
         self._lock = threading.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -214,7 +216,40 @@ class Agent:
         with self._lock:
             return self._step()
 
+    def _place_named_processes(self) -> None:
+        """Put processes whose command line matches a tenant's `processes` patterns in its cgroups.
+
+        Scans /proc at most once a second (about a millisecond for a few hundred processes); a
+        process already there is left alone, so a move happens once per new process."""
+        now = time.monotonic()
+        if now - self._last_scan < 1.0:
+            return
+        self._last_scan = now
+        wanted = [(st.spec.id, st.spec.processes) for st in self.tenants.values() if st.spec.processes]
+        if not wanted:
+            return
+        placed = {tid: set(self.cgroups.procs(tid)) for tid, _ in wanted}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if pid == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            except OSError:
+                continue
+            if not cmdline:
+                continue
+            for tid, patterns in wanted:
+                if pid not in placed[tid] and any(fnmatch.fnmatch(cmdline, p) for p in patterns):
+                    if self.cgroups.place(tid, pid, missing_ok=True):
+                        log.info("placed pid %d (%s) in tenant %s", pid, cmdline[:80], tid)
+                    break
+
     def _step(self) -> SnapshotData:
+        self._place_named_processes()
         recreated = self.cgroups.check()
         if recreated:
             self.recreated_events.append(recreated)

@@ -49,12 +49,14 @@ class QuotaError(ValueError):
 
 @dataclass(frozen=True)
 class TenantSpec:
-    """A tenant as the agent needs it: id, CPU limit (None = unlimited), burst share, pids to place."""
+    """A tenant as the agent needs it: id, CPU limit (None = unlimited), burst share, pids to place,
+    and `processes`: command-line glob patterns of processes to place (found by scanning /proc)."""
 
     id: str
     cpu_limit: float | None = None
     burst: float = 0.0
     pids: tuple[int, ...] = ()
+    processes: tuple[str, ...] = ()
 
 
 def parse_cpu(value) -> float:

@@ -1,7 +1,7 @@
 """Tenant lists for the agent: from an AdapterGateway config, a small YAML file, or a command line.
 
 Accepted forms (`load_tenants(source)`):
-  - a YAML file holding an AdapterGateway config: `spec.tenants: [{id, cpu: {limit, burst}}]`
+  - a YAML file holding an AdapterGateway config: `spec.tenants: [{id, cpu: {limit, burst}, processes}]`
     (the same fields the processor's config has, see docs/config.md);
   - a YAML file with a top-level `tenants:` list, or just the list; items may add `pids: [..]`,
     processes the agent places in the tenant's cgroups (and places again if the cgroup is recreated);
@@ -25,7 +25,8 @@ from ebpf.cgroups import QuotaError, TenantSpec, parse_cpu, validate
 def _spec(item: Any, where: str, problems: list[str]) -> TenantSpec | None:
     if isinstance(item, dict):
         tid, cpu, pids = item.get("id"), item.get("cpu"), item.get("pids", ())
-        unknown = set(item) - {"id", "cpu", "pids"}
+        processes = item.get("processes", ())
+        unknown = set(item) - {"id", "cpu", "pids", "processes"}
         if unknown:
             problems.append(f"{where}: unknown field(s) {sorted(unknown)}")
         limit = burst = None
@@ -36,6 +37,7 @@ def _spec(item: Any, where: str, problems: list[str]) -> TenantSpec | None:
             limit, burst = cpu.get("limit"), cpu.get("burst", 0)
     else:  # an object from a parsed config
         tid, cpu, pids = getattr(item, "id", None), getattr(item, "cpu", None), getattr(item, "pids", ())
+        processes = getattr(item, "processes", ())
         limit = getattr(cpu, "limit", None) if cpu is not None else None
         burst = getattr(cpu, "burst", 0) if cpu is not None else 0
     try:
@@ -51,7 +53,10 @@ def _spec(item: Any, where: str, problems: list[str]) -> TenantSpec | None:
     if not isinstance(pids, (list, tuple)):
         problems.append(f"{where} ({tid}): pids must be a list")
         return None
-    return TenantSpec(id=tid, cpu_limit=limit_f, burst=burst_f, pids=tuple(pids))
+    if not isinstance(processes, (list, tuple)) or not all(isinstance(x, str) and x for x in processes):
+        problems.append(f"{where} ({tid}): processes must be a list of command-line patterns")
+        return None
+    return TenantSpec(id=tid, cpu_limit=limit_f, burst=burst_f, pids=tuple(pids), processes=tuple(processes))
 
 
 def tenants_from(items: Iterable[Any], where: str = "tenants") -> list[TenantSpec]:

@@ -177,6 +177,9 @@ class TenantCpu(_Model):
 class TenantSpec(_Model):
     id: Annotated[str, Field(pattern=DNS_LABEL)]
     cpu: TenantCpu | None = None
+    # Command-line glob patterns (fnmatch) of this tenant's workload processes, e.g. its own ONNX
+    # Runtime server: the tenant agent places matching processes in the tenant's cgroups.
+    processes: tuple[Annotated[str, Field(min_length=1)], ...] = ()
 
 
 class JwtSpec(_Model):

@@ -17,6 +17,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 WINDOW = 1.0
+MARKER = f"agw-burner-{os.getpid()}"  # the burner's command line names it; the config's pattern finds it
 
 if os.geteuid() != 0:
     pytest.skip("the tenant agent creates cgroups: needs root", allow_module_level=True)
@@ -35,7 +36,9 @@ metadata: {{name: quota-e2e}}
 spec:
   modelRef: qwen2.5-finance
   tenancy: {{snapshot: {base / "agent.snap"}, staleAfter: 3s}}
-  tenants: [{{id: busy, cpu: {{limit: 0.2}}}}, {{id: calm, cpu: {{limit: 1}}}}]
+  tenants:
+    - {{id: busy, cpu: {{limit: 0.2}}, processes: ["*{MARKER}*"]}}
+    - {{id: calm, cpu: {{limit: 1}}}}
   backends: [{{name: llm, endpoints: ["llm.invalid:8000"]}}]
   routes: [{{path: /v1/completions, kind: openai, policy: {{tenantHeader: x-team}}}}]
 """)
@@ -63,9 +66,14 @@ def test_over_quota_tenant_is_refused_and_recovers(stack):
     from ebpf.cgroups import CgroupManager
 
     assert ask(stack, "busy").status_code == 200 and ask(stack, "calm").status_code == 200
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass", MARKER])
     try:
-        CgroupManager(stack.agent_name).place("busy", burner.pid)
+        # the agent places the process named in the config (tenants[].processes) in the cgroup
+        cgroups = CgroupManager(stack.agent_name)
+        deadline = time.monotonic() + 5
+        while burner.pid not in cgroups.procs("busy"):
+            assert time.monotonic() < deadline, "the agent did not place the tenant's process"
+            time.sleep(0.02)
         took = wait_for(stack, "busy", 429, 10)
         assert took <= 2 * WINDOW, f"429s started {took:.2f}s after the tenant crossed its quota"
         r = ask(stack, "busy")
