@@ -51,7 +51,8 @@ def processing_mode(route: Route) -> dict[str, str]:
 
     Envoy releases headers to the router (request) or the client (response) as soon as a SKIPped
     header phase passes, so a buffered body's reply could no longer change them: re-routing,
-    `:path`, content-type, or an error status. A buffered body therefore always brings its headers.
+    `:path`, content-type, or an error status. A buffered body therefore always brings its headers;
+    a streamed response body (read, not reshaped) does not: one round trip less before the first byte.
     """
     phases = route.pipeline.phases if route.pipeline is not None else frozenset()
     streamed = route.pipeline.streamed if route.pipeline is not None else frozenset()
@@ -61,9 +62,11 @@ def processing_mode(route: Route) -> dict[str, str]:
             return "NONE"
         return "STREAMED" if phase in streamed else "BUFFERED"
 
+    buffered_response = Phase.RESPONSE_BODY in phases and Phase.RESPONSE_BODY not in streamed
     return {
         "request_header_mode": "SEND" if phases & {Phase.REQUEST_HEADERS, Phase.REQUEST_BODY} else "SKIP",
-        "response_header_mode": "SEND" if phases & {Phase.RESPONSE_HEADERS, Phase.RESPONSE_BODY} else "SKIP",
+        # a streamed response body only reads the stream, so its headers need not wait for us
+        "response_header_mode": "SEND" if Phase.RESPONSE_HEADERS in phases or buffered_response else "SKIP",
         "request_body_mode": body(Phase.REQUEST_BODY),
         "response_body_mode": body(Phase.RESPONSE_BODY),
     }

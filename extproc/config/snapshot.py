@@ -98,11 +98,12 @@ class Snapshot:
 
     @property
     def tenants_by_id(self) -> Mapping[str, TenantSpec]:
-        return {t.id: t for t in self.tenants}
+        return self._tenants_by_id  # type: ignore[attr-defined]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backends", MappingProxyType(dict(self.backends)))
         object.__setattr__(self, "routes", MappingProxyType(dict(self.routes)))
+        object.__setattr__(self, "_tenants_by_id", MappingProxyType({t.id: t for t in self.tenants}))
 
     @property
     def name(self) -> str:

@@ -88,17 +88,13 @@ class OpenAIApi:
                 return Mutate(verdict.set_headers + (("content-length", str(len(data))),), (), data, True)
         return verdict
 
-    def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
-        status = state.response_status or 0
-        if state.backend is None or status >= 300:
-            return Mutate(skip_body=True)  # errors (the backend's or Envoy's own) pass as they are
-        ctype = (msg.headers or {}).get("content-type", "")
-        state.attrs["sse"] = ctype.startswith("text/event-stream")
-        state.attrs["pending"] = b""
-        return None
-
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
-        if state.attrs.get("sse"):
+        # No response-headers phase (it would cost a round trip before the first token): the first
+        # chunk tells an SSE stream (`data: ...`) from a JSON answer or an error.
+        if "sse" not in state.attrs:
+            state.attrs["sse"] = state.backend is not None and msg.body.lstrip().startswith(b"data:")
+            state.attrs["pending"] = b""
+        if state.attrs["sse"]:
             return self._sse_chunk(state, msg)
         pending = state.attrs["pending"]
         if len(pending) + len(msg.body) <= USAGE_LIMIT:

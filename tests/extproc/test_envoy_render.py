@@ -29,7 +29,7 @@ def test_each_route_gets_only_the_phases_its_pipeline_uses():
         "request_header_mode": "SEND", "response_header_mode": "SEND",
         "request_body_mode": "BUFFERED", "response_body_mode": "BUFFERED"}
     assert processing_mode(snap.routes["v1"]) == {  # openai: SSE goes through chunk by chunk
-        "request_header_mode": "SEND", "response_header_mode": "SEND",
+        "request_header_mode": "SEND", "response_header_mode": "SKIP",
         "request_body_mode": "BUFFERED", "response_body_mode": "STREAMED"}
     assert processing_mode(snap.routes["adapter-health"])["response_header_mode"] == "SKIP"
     passthrough = load_text(BRIEF_EXAMPLE.read_text() + "    - {path: /p, target: finance-backend}\n")
