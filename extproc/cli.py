@@ -91,28 +91,33 @@ def cmd_render_envoy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_for_signals(on_first: callable) -> None:
-    """Block until SIGINT/SIGTERM; a second signal forces exit. SIGHUP runs `reload` if given."""
-    stop = threading.Event()
-    count = {"n": 0}
+class _Signals:
+    """SIGINT/SIGTERM handling installed before anything starts, so a Ctrl-C during start-up or
+    right after it is never lost: the first signal asks for an orderly stop, a second one forces
+    exit."""
 
-    def handler(signum: int, frame: object) -> None:
-        count["n"] += 1
-        if count["n"] > 1:
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.count = 0
+        signal.signal(signal.SIGINT, self._handler)
+        signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.count > 1:
             print("\nsecond signal: forcing exit", file=sys.stderr)
             os._exit(130)
-        stop.set()
+        self.stop.set()
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    while not stop.wait(0.5):
-        pass
-    on_first()
+    def wait(self) -> None:
+        while not self.stop.wait(0.5):
+            pass
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from extproc.supervisor import Supervisor
 
+    signals = _Signals()
     snap = load_file(args.file)
     proc = snap.processor
     workers = args.workers or proc.workers or os.cpu_count() or 1
@@ -124,16 +129,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, lambda *_: sup.reload())
     print(f"processor: {workers} worker(s) on {proc.address}:{sup.workers[0].port}..{sup.workers[-1].port}, "
           f"metrics on http://127.0.0.1:{sup.admin[1]}/metrics", flush=True)
-    _wait_for_signals(sup.stop)
+    signals.wait()
+    sup.stop()
     return 0
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     from extproc.stack import Stack
 
+    signals = _Signals()
     stack = Stack(args.file, simulate=args.simulate, listen_port=args.port, admin_port=args.admin_port,
                   workers=args.workers, log_level=args.log_level, run_dir=args.run_dir)
     stack.start()
+    if signals.stop.is_set():  # Ctrl-C while starting: stop now, in order
+        stack.stop()
+        return 0
     snap = stack.snapshot
     print(f"adapter-gateway {snap.name!r} is up:", flush=True)
     print(f"  gateway    {stack.url}   (Envoy admin {stack.admin_url})")
@@ -148,7 +158,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     print("Try:  curl -s localhost:%d/v1/analyze -d '{\"query\":\"计算Q3营收\"}'" % snap.listener.port)
     print("Ctrl-C stops everything; SIGHUP reloads the config into the processor.", flush=True)
     signal.signal(signal.SIGHUP, lambda *_: stack.supervisor.reload())
-    _wait_for_signals(stack.stop)
+    signals.wait()
+    stack.stop()
     print("stopped.", file=sys.stderr)
     return 0
 
