@@ -59,7 +59,8 @@ class ExtProcService:
         m = self.metrics
         backend = state.backend or "none"
         model = state.attrs.get("model") or (state.route.model if state.route else None) or "unknown"
-        tenant = state.tenant or "none"
+        # only configured tenants become label values (a client-sent id must not grow the series)
+        tenant = state.tenant if state.tenant in state.snapshot.tenants_by_id else "none"
         if usage.prompt_tokens:
             self._child(m.tokens, label, backend, model, tenant, "prompt").inc(usage.prompt_tokens)
         if usage.completion_tokens:
@@ -121,7 +122,7 @@ class ExtProcService:
             log.exception("stream for route %s failed", label)
             raise
         finally:
-            if state.tenant is not None and route is not None and state.snapshot.tenants:
+            if route is not None and state.tenant in snap.tenants_by_id:
                 reason = state.attrs.get("reject_reason")
                 result = ("rejected" if reason == "tenant_over_quota"
                           else "stale" if state.attrs.get("quota_stale") else "admitted")
