@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="adapter-gateway", help="agent name (default %(default)s)")
     p.add_argument("--snapshot", help="snapshot file (default /dev/shm/adapter-gateway/<name>.snap)")
     p.add_argument("--stale-after", type=float, default=1.0, help="age in s that marks the snapshot stale")
-    p.add_argument("--metrics-url", help="processor /metrics URL for admitted/rejected counts")
+    p.add_argument("--metrics-url", default="http://127.0.0.1:9902/metrics",
+                   help="processor /metrics URL for admitted/rejected counts (default: the processor's "
+                        "default admin port, %(default)s; '' to skip)")
     p.add_argument("--ebpf", action="store_true", help="print the BPF program and exit")
     return p
 
