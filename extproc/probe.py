@@ -37,12 +37,20 @@ async def _get_http1(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     return line[0], int(line[1])
 
 
-async def _get_h2c(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, path: str) -> tuple[str, int]:
+def _h2c_open(host: str, headers: list[tuple[str, str]], body: bytes | None) -> tuple[object, int]:
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
     conn.initiate_connection()
     sid = conn.get_next_available_stream_id()
-    conn.send_headers(sid, [(":method", "GET"), (":path", path), (":scheme", "http"), (":authority", host),
-                            ("user-agent", "adapter-probe")], end_stream=True)
+    pseudo = [h for h in headers if h[0].startswith(":")] + [(":scheme", "http"), (":authority", host)]
+    regular = [("user-agent", "adapter-probe")] + [h for h in headers if not h[0].startswith(":")]
+    conn.send_headers(sid, pseudo + regular, end_stream=body is None)  # pseudo-headers must come first
+    if body is not None:
+        conn.send_data(sid, body, end_stream=True)
+    return conn, sid
+
+
+async def _h2c_events(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn, sid: int):
+    """Send what `conn` has queued, then yield the events of stream `sid` as they arrive."""
     writer.write(conn.data_to_send())
     await writer.drain()
     while True:
@@ -55,51 +63,41 @@ async def _get_h2c(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, h
             raise ConnectionError(f"not an HTTP/2 answer: {type(e).__name__}") from None
         writer.write(conn.data_to_send())
         for ev in events:
-            if isinstance(ev, h2.events.ResponseReceived) and ev.stream_id == sid:
-                status = dict(ev.headers).get(":status", "0")
-                return "HTTP/2", int(status)
             if isinstance(ev, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
                 raise ConnectionError(f"HTTP/2 stream refused: {type(ev).__name__}")
+            if getattr(ev, "stream_id", None) == sid:
+                yield ev
+
+
+async def _get_h2c(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, path: str) -> tuple[str, int]:
+    conn, sid = _h2c_open(host, [(":method", "GET"), (":path", path)], None)
+    async for ev in _h2c_events(reader, writer, conn, sid):
+        if isinstance(ev, h2.events.ResponseReceived):
+            return "HTTP/2", int(dict(ev.headers).get(":status", "0"))
+    raise ConnectionError("no HTTP/2 response")  # pragma: no cover - the generator raises first
 
 
 async def _grpc_unary_h2c(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
                           path: str) -> tuple[str, int]:
     """A gRPC call with an empty request message (a KServe `ServerReady`): 200 when grpc-status is 0."""
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-    conn.initiate_connection()
-    sid = conn.get_next_available_stream_id()
-    conn.send_headers(sid, [(":method", "POST"), (":path", path), (":scheme", "http"), (":authority", host),
-                            ("content-type", "application/grpc"), ("te", "trailers"),
-                            ("user-agent", "adapter-probe")])
-    conn.send_data(sid, b"\x00\x00\x00\x00\x00", end_stream=True)  # one empty, uncompressed message
-    writer.write(conn.data_to_send())
-    await writer.drain()
+    conn, sid = _h2c_open(host, [(":method", "POST"), (":path", path), ("content-type", "application/grpc"),
+                                 ("te", "trailers")], b"\x00\x00\x00\x00\x00")  # one empty message
     fields: dict[str, str] = {}
     payload = b""
-    while True:
-        data = await reader.read(65536)
-        if not data:
-            raise ConnectionError("connection closed before a gRPC answer (does it speak gRPC over h2c?)")
-        try:
-            events = conn.receive_data(data)
-        except h2.exceptions.ProtocolError as e:
-            raise ConnectionError(f"not an HTTP/2 answer: {type(e).__name__}") from None
-        writer.write(conn.data_to_send())
-        for ev in events:
-            if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)) and ev.stream_id == sid:
-                fields.update(dict(ev.headers))
-            elif isinstance(ev, h2.events.DataReceived) and ev.stream_id == sid:
-                payload += ev.data
-                conn.acknowledge_received_data(ev.flow_controlled_length, sid)
-            elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id == sid:
-                if fields.get("grpc-status", "") != "0":
-                    raise ConnectionError(f"gRPC {path} failed: grpc-status {fields.get('grpc-status', 'missing')} "
-                                          f"{fields.get('grpc-message', '')}".strip())
-                # KServe's ServerReady/ModelReady answer `ready: true` as field 1 = 1
-                not_ready = path.endswith("Ready") and payload[5:7] != b"\x08\x01"
-                return "HTTP/2", 503 if not_ready else 200
-            elif isinstance(ev, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
-                raise ConnectionError(f"HTTP/2 stream refused: {type(ev).__name__}")
+    async for ev in _h2c_events(reader, writer, conn, sid):
+        if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+            fields.update(dict(ev.headers))
+        elif isinstance(ev, h2.events.DataReceived):
+            payload += ev.data
+            conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+        elif isinstance(ev, h2.events.StreamEnded):
+            if fields.get("grpc-status", "") != "0":
+                raise ConnectionError(f"gRPC {path} failed: grpc-status {fields.get('grpc-status', 'missing')} "
+                                      f"{fields.get('grpc-message', '')}".strip())
+            # KServe's ServerReady/ModelReady answer `ready: true` as field 1 = 1
+            not_ready = path.endswith("Ready") and payload[5:7] != b"\x08\x01"
+            return "HTTP/2", 503 if not_ready else 200
+    raise ConnectionError("no gRPC response")  # pragma: no cover
 
 
 def is_grpc_method(path: str) -> bool:

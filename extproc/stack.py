@@ -81,7 +81,8 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, wh
     raise RuntimeError(f"{what or url} not ready after {timeout:g}s ({last})")
 
 
-def _stop_proc(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
+def stop_process(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
+    """SIGTERM this one process (by its handle: only what we started), wait bounded, then SIGKILL."""
     if proc is None or proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
@@ -230,12 +231,12 @@ class Stack:
                     stand_in)
 
     def stop(self) -> None:
-        _stop_proc(self.envoy)
+        stop_process(self.envoy)
         if self.supervisor is not None:
             self.supervisor.stop()
         for p, _ in self.simulators.values():
-            _stop_proc(p)
-        _stop_proc(self.agent_proc)
+            stop_process(p)
+        stop_process(self.agent_proc)
 
     def __enter__(self) -> "Stack":
         return self.start()

@@ -45,7 +45,7 @@ import yaml  # noqa: E402
 from extproc.config.loader import load_file  # noqa: E402
 from extproc.envoy_bin import find_envoy  # noqa: E402
 from extproc.envoy_render import EXT_PROC, PROCESSOR_CLUSTER, render  # noqa: E402
-from extproc.stack import Stack, free_port, free_port_block, wait_http  # noqa: E402
+from extproc.stack import Stack, free_port, free_port_block, stop_process, wait_http  # noqa: E402
 from extproc.supervisor import die_with_parent  # noqa: E402
 
 CONFIG = REPO / "perf" / "configs" / "bench-gateway.yaml"
@@ -74,18 +74,6 @@ _T = "type.googleapis.com/"
 # Processes
 # --------------------------------------------------------------------------------------------
 
-def _stop(proc: subprocess.Popen | None, timeout: float = 5.0) -> None:
-    """SIGTERM this one PID, wait bounded, then SIGKILL."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout)
-
-
 def _start_envoy(config: dict[str, Any], path: Path, concurrency: int, admin_url: str, what: str) -> subprocess.Popen:
     path.write_text(yaml.safe_dump(config, sort_keys=False, width=120))
     proc = subprocess.Popen(
@@ -96,7 +84,7 @@ def _start_envoy(config: dict[str, Any], path: Path, concurrency: int, admin_url
     try:
         wait_http(f"{admin_url}/ready", 30, proc, what)
     except BaseException:
-        _stop(proc)
+        stop_process(proc)
         raise
     return proc
 
@@ -503,8 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if stack is not None:
             stack.stop()
-        _stop(bare)
-        _stop(upstream)
+        stop_process(bare)
+        stop_process(upstream)
         shutil.rmtree(run_dir, ignore_errors=True)
 
     info = machine_info(workers)
