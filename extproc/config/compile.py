@@ -18,7 +18,7 @@ from typing import Any
 
 from backends import adapter_kinds
 from extproc.config.loader import ConfigError, Issue
-from extproc.config.schema import AdapterGateway, RouteSpec, split_host_port
+from extproc.config.schema import AdapterGateway, split_host_port
 from extproc.config.snapshot import HEALTH_PATH, HEALTH_ROUTE, Backend, Route, Snapshot
 from extproc.config.yamlsource import SourceMap, format_path
 from extproc.template import WILDCARD, TemplateError, compile_template

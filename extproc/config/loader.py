@@ -13,12 +13,15 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path as FsPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
 from extproc.config.schema import AdapterGateway
 from extproc.config.yamlsource import Path, SourceMap, YamlError, format_path, load_yaml
+
+if TYPE_CHECKING:
+    from extproc.config.snapshot import Snapshot
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ Cost: one template render plus one JSON encode.
 from __future__ import annotations
 
 from backends.base import InputError
-from extproc.config.snapshot import BACKEND_HEADER, ROUTE_TARGET_HEADER
 from extproc.pipeline import reject
-from extproc.types import HttpMessage, Mutate, RequestState, Verdict
+from extproc.stages.select_backend import route_to
+from extproc.types import HttpMessage, RequestState, Verdict
 
 
 class EncodeRequest:
@@ -25,13 +25,8 @@ class EncodeRequest:
             encoded = backend.adapter.encode(route, state.input_doc, state.attrs.get("model_metadata"))
         except InputError as e:
             return reject(400, e.code, e.message, path=e.path, route=route.name, request_id=state.request_id)
-        state.backend = backend.name
         state.backend_request = encoded.body
         path = ((":path", encoded.path),) if encoded.path else ()  # "": the client's path as it is
-        return Mutate(
-            # a buffered body keeps an exact content-length (some upstreams refuse chunked requests)
-            set_headers=(*path, ("content-type", encoded.content_type), ("content-length", str(len(encoded.body))),
-                         (BACKEND_HEADER, backend.name), (ROUTE_TARGET_HEADER, route.name)),
-            body=encoded.body,
-            clear_route_cache=True,
-        )
+        # a buffered body keeps an exact content-length (some upstreams refuse chunked requests)
+        return route_to(state, backend, *path, ("content-type", encoded.content_type),
+                        ("content-length", str(len(encoded.body))), body=encoded.body)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import orjson
 
-from extproc.stages.openai_api import route_to
+from extproc.stages.select_backend import route_to
 from extproc.types import HttpMessage, Reject, RequestState, Verdict
 
 

@@ -25,18 +25,11 @@ import time
 
 import orjson
 
-from extproc.config.snapshot import BACKEND_HEADER, ROUTE_TARGET_HEADER
-from extproc.pipeline import reject
 from extproc.stages.body_limit import check_length
+from extproc.stages.select_backend import route_to
 from extproc.types import CONTINUE, HttpMessage, Mutate, Phase, Reject, RequestState, Verdict
 
 USAGE_LIMIT = 8 * 1024 * 1024  # non-streamed JSON responses larger than this are not parsed for usage
-
-
-def route_to(state: RequestState, backend) -> Mutate:
-    state.backend = backend.name
-    return Mutate(set_headers=((BACKEND_HEADER, backend.name), (ROUTE_TARGET_HEADER, state.route.name)),
-                  clear_route_cache=True)
 
 
 class OpenAIApi:
@@ -78,15 +71,14 @@ class OpenAIApi:
             return _openai_error(404, "model_not_found", f"The model `{model}` does not exist on this gateway "
                                  f"(served: {served}).", state, param="model")
         state.attrs["model"] = model or (backend.models[0] if backend.models else route.model) or "unknown"
-        verdict = route_to(state, backend)
         if body.get("stream") is True:
             options = body.get("stream_options") or {}
             if not options.get("include_usage"):
                 body["stream_options"] = {**options, "include_usage": True}
                 state.attrs["strip_usage"] = True
                 data = orjson.dumps(body)
-                return Mutate(verdict.set_headers + (("content-length", str(len(data))),), (), data, True)
-        return verdict
+                return route_to(state, backend, ("content-length", str(len(data))), body=data)
+        return route_to(state, backend)
 
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         # No response-headers phase (it would cost a round trip before the first token): the first

@@ -23,7 +23,7 @@ from extproc.semantic.toolcall import (ToolCallError, anthropic_tool_result, bui
                                        mcp_call_result, openai_tool_message, parse_tool_call, resolve_tool,
                                        tool_result)
 from extproc.stages.body_limit import check_length
-from extproc.stages.openai_api import route_to
+from extproc.stages.select_backend import route_to
 from extproc.types import HttpMessage, Mutate, Reject, RequestState, Verdict
 
 
@@ -55,13 +55,11 @@ class ToolCall:
         state.backend_request = orjson.dumps({"method": req.method, "target": req.target,
                                               "headers": dict(req.headers),
                                               "body": orjson.loads(req.body) if req.body else None})
-        routed = route_to(state, route.backend)
-        headers = [(":method", req.method), (":path", req.target), *req.headers, *routed.set_headers]
+        body = req.body or b""
+        headers = [(":method", req.method), (":path", req.target), *req.headers, ("content-length", str(len(body)))]
         if req.body is not None and not any(k == "content-type" for k, _ in req.headers):
             headers.append(("content-type", "application/json"))
-        body = req.body or b""
-        headers.append(("content-length", str(len(body))))
-        return Mutate(tuple(headers), (), body, True)
+        return route_to(state, route.backend, *headers, body=body)
 
     def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         if "tool_call" not in state.attrs:
@@ -85,4 +83,4 @@ class ToolCall:
                       remove_headers=("content-length",), body=orjson.dumps(out))
 
 
-__all__ = ["ToolCall", "reject"]
+__all__ = ["ToolCall"]
