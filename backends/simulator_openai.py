@@ -86,6 +86,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from .asgi_body import BodyTooLarge, Disconnected, read_body
 from .simulator_schema import instance_for
 
 __all__ = ["SimulatorApp", "SimulatorSettings", "build_app", "count_tokens", "main", "serve"]
@@ -623,26 +624,11 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 # --------------------------------------------------------------------------
 
 
-class _Disconnected(Exception):
-    pass
-
-
 async def _read_body(receive: Callable, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
-        if message["type"] != "http.request":
-            continue
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _HTTPError(413, f"Request body larger than {limit} bytes", "RequestEntityTooLarge")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    try:
+        return await read_body(receive, limit)
+    except BodyTooLarge:
+        raise _HTTPError(413, f"Request body larger than {limit} bytes", "RequestEntityTooLarge") from None
 
 
 async def _wait_for_disconnect(receive: Callable) -> None:
@@ -753,7 +739,7 @@ class SimulatorApp:
             return  # no websockets: hypercorn closes the connection
         try:
             body = await _read_body(receive, MAX_BODY_BYTES)
-        except _Disconnected:
+        except Disconnected:
             return
         except _HTTPError as exc:
             await _send_json(send, exc.payload(), exc.status, exc.headers)

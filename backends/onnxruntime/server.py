@@ -40,6 +40,8 @@ from typing import Any
 
 import orjson
 
+from backends.asgi_body import BodyTooLarge, Disconnected, read_body
+
 from .codec import encode_infer_response, error_body, json_body, parse_infer_request
 from .service import InferenceService, ServiceError
 from .tensors import TensorError
@@ -77,26 +79,11 @@ class _HTTPError(Exception):
         self.status, self.message = status, message
 
 
-class _Disconnected(Exception):
-    pass
-
-
 async def _read_body(receive: Callable, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
-        if message["type"] != "http.request":
-            continue
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _HTTPError(413, f"request body larger than {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    try:
+        return await read_body(receive, limit)
+    except BodyTooLarge as e:
+        raise _HTTPError(413, str(e)) from None
 
 
 def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
@@ -143,7 +130,7 @@ class OrtHttpApp:
         try:
             body = await _read_body(receive, self.max_body_bytes)
             status, payload, content_type, headers = await self._dispatch(scope, body)
-        except _Disconnected:
+        except Disconnected:
             return
         except _HTTPError as exc:
             status, payload, content_type, headers = exc.status, error_body(exc.message), _JSON, ()
