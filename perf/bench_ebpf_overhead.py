@@ -41,6 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import benchenv  # noqa: E402  (perf/ is this script\'s folder, on sys.path)
+
 PIPE_PINGPONG = r"""
 import os, sys, time
 secs, cpu = float(sys.argv[2]), int(sys.argv[3])
@@ -198,33 +200,14 @@ def ctxt_rate(seconds: float = 2.0) -> float:
 
 
 def machine() -> str:
-    model = "?"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     bcc_ver = "?"
     try:
         bcc_ver = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "python3-bpfcc"], capture_output=True,
                                  text=True).stdout.strip() or "?"
     except OSError:
         pass
-    return (f"{model}, {os.cpu_count()} cores; kernel {platform.release()}; Python {platform.python_version()}; "
+    return (f"{benchenv.cpu()}; kernel {platform.release()}; Python {platform.python_version()}; "
             f"BCC (python3-bpfcc) {bcc_ver}")
-
-
-def git_rev() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True).stdout.strip() or "?"
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "ebpf", "perf"],
-                               capture_output=True, text=True).stdout.strip()
-        return rev + (" (+ uncommitted changes in ebpf/ or perf/)" if dirty else "")
-    except OSError:
-        return "?"
 
 
 def prog_stats(bpf) -> tuple[int, int]:
@@ -384,7 +367,7 @@ def main(argv=None) -> int:
         f"## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC: bench_ebpf_overhead (eBPF probes loaded vs not)",
         "",
         f"- Machine: {machine()}",
-        f"- Code: git {git_rev()}",
+        f"- Code: git {benchenv.git_revision('ebpf', 'perf')}",
         f"- Command: `{' '.join(['python perf/bench_ebpf_overhead.py', *(argv if argv is not None else sys.argv[1:])])}` "
         f"({args.rounds} alternating off/on rounds of {args.duration:g} s per mode; best round shown; ping-pong pairs "
         f"pinned to CPU {cpu}; ping-pongs in {kind})",

@@ -32,7 +32,6 @@ import datetime as dt
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import timeit
 from pathlib import Path
@@ -40,6 +39,8 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+import benchenv  # noqa: E402  (perf/ is this script\'s folder, on sys.path)
 
 import orjson  # noqa: E402
 import yaml  # noqa: E402
@@ -93,24 +94,13 @@ def measure(fn: Callable[[], Any], repeats: int, target_s: float) -> tuple[float
 
 
 def machine_info() -> dict[str, str]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
     try:
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         load = "unknown"
-    return {"cpu": f"{model}, {os.cpu_count()} cores", "kernel": platform.release(),
+    return {"cpu": benchenv.cpu(), "kernel": platform.release(),
             "python": platform.python_version(),
-            "git": (git.stdout.strip() or "unknown") + (" with uncommitted changes" if dirty else ""),
+            "git": benchenv.git_revision(),
             "load": load}
 
 

@@ -44,6 +44,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import benchenv  # noqa: E402  (perf/ is this script\'s folder, on sys.path)
+
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import orjson  # noqa: E402
@@ -329,26 +331,10 @@ def measure(process: subprocess.Popen, port: int, point: Point, runner) -> Point
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import onnxruntime
 
-    return (f"{cpu}, {os.cpu_count()} cores; kernel {platform.release()}; Python {platform.python_version()}; "
+    return (f"{benchenv.cpu()}; kernel {platform.release()}; Python {platform.python_version()}; "
             f"onnxruntime {onnxruntime.__version__} ({', '.join(onnxruntime.get_available_providers())})")
-
-
-def git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              timeout=5).stdout.strip() or "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def report(points: list[Point], args: argparse.Namespace, command: str) -> str:
@@ -357,7 +343,7 @@ def report(points: list[Point], args: argparse.Namespace, command: str) -> str:
         f"## {when}: bench_ort_batching (ONNX Runtime server, dynamic batching off vs on)",
         "",
         f"- Machine: {machine()}",
-        f"- Code: git {git_rev()} (plus the working tree)",
+        f"- Code: git {benchenv.git_revision()} (plus the working tree)",
         f"- Command: `{command}`; {WARMUP_S:.0f} s warm-up then {args.duration:g} s measured per point",
         f"- Server: `python -m backends.onnxruntime` (uvicorn + httptools, HTTP/1.1), thread pool {args.threads or 'default'}, "
         "1 instance per model, `intra_op_threads` 1. Batching off = `max_batch_size` 1; on = "

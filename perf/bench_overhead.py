@@ -39,6 +39,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import benchenv  # noqa: E402  (perf/ is this script\'s folder, on sys.path)
+
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
@@ -275,23 +277,12 @@ class Point:
 
 
 def machine_info(workers: int) -> dict[str, str]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     envoy_v = subprocess.run([find_envoy(), "--version"], capture_output=True, text=True).stdout.strip()
     m = re.search(r"/(\d+\.\d+\.\d+)/", envoy_v)
     wrk_v = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.splitlines()
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
     return {
-        "git": (git.stdout.strip() or "unknown") + (" with uncommitted changes" if dirty else ""),
-        "cpu": f"{model}, {os.cpu_count()} cores",
+        "git": benchenv.git_revision(),
+        "cpu": benchenv.cpu(),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "envoy": m.group(1) if m else envoy_v,

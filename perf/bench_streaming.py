@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import platform
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +24,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+import benchenv  # noqa: E402  (perf/ is this script\'s folder, on sys.path)
 
 from extproc.stack import Stack, free_port, free_port_block  # noqa: E402
 
@@ -96,15 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table))
     print(f"added TTFT p50 through the gateway: {added:+.2f} ms (target: under 1 ms)")
     if not args.no_write:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                    if ln.startswith("model name")), platform.processor())
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True).stdout.strip()
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         section = [
             f"\n## {now}: bench_streaming (time to first token, gateway vs direct)\n",
-            f"- Machine: {cpu}, {os.cpu_count()} cores; kernel {platform.release()}; Python {platform.python_version()}",
-            f"- Code: git {commit}; processor workers: 2; backend: OpenAI API simulator at 50 tokens/s (a simulator, "
+            f"- Machine: {benchenv.cpu()}; kernel {platform.release()}; Python {platform.python_version()}",
+            f"- Code: git {benchenv.git_revision()}; processor workers: 2; backend: OpenAI API simulator at 50 tokens/s (a simulator, "
             "not a model)",
             f"- Command: `.venv/bin/python perf/bench_streaming.py --requests {args.requests} --tokens {args.tokens}` "
             f"({args.requests} sequential streamed chat requests each way, interleaved, after 5 warm-ups)",
