@@ -11,6 +11,13 @@ golden fixtures):
   KV-cache / GPU use (data, not code, as in the endpoint picker's engine tables).
 Why: the processor's stages stay protocol-agnostic; each backend's wire details live in one file.
 Cost: encode/decode run on the request path: one JSON render and one JSON parse per request.
+
+Layering: `backends` imports nothing from `extproc` (tests/test_layering.py checks it); the processor
+imports `backends`. What an adapter must recognise from the processor's objects is defined here:
+the errors `route.request.render()` and `route.mapping.forward()/.inverse()` raise
+(`MissingPathError`, `MappingError`). `extproc.template` re-exports `MissingPathError` (the same
+class) and `extproc.semantic.mapping.MappingError` subclasses `MappingError`, so an adapter catches
+them without importing the processor.
 """
 
 from __future__ import annotations
@@ -37,6 +44,31 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+class MissingPathError(LookupError):
+    """At render time, a path without a default resolved to nothing.
+
+    ``path`` is the canonical text of the path (see `extproc.template.path_text`). Raised by the
+    processor's templates (`extproc.template`, which re-exports this class) and mappings.
+    """
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"path {path} not found in the document")
+        self.path = path
+
+    def __reduce__(self):
+        return (type(self), (self.path,))
+
+
+class MappingError(ValueError):
+    """A field mapping failed: ``field`` names the mapping key (load time) or the document path of
+    the value (run time). The processor's `extproc.semantic.mapping.MappingError` subclasses it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
 
 
 class InputError(ValueError):

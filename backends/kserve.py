@@ -22,8 +22,7 @@ from typing import Any, ClassVar, Mapping
 
 import orjson
 
-from backends.base import BackendError, EncodedRequest, InputError, Usage
-from extproc.template import MissingPathError
+from backends.base import BackendError, EncodedRequest, InputError, MissingPathError, Usage
 
 _FLOAT = ("FP16", "FP32", "FP64", "BF16")
 _INT = ("INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64")

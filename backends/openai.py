@@ -20,8 +20,7 @@ from typing import Any, ClassVar, Mapping
 
 import orjson
 
-from backends.base import BackendError, EncodedRequest, InputError, Usage
-from extproc.template import MissingPathError
+from backends.base import BackendError, EncodedRequest, InputError, MissingPathError, Usage
 
 PROMPT_FIELDS = ("query", "prompt", "input", "question", "text")
 SYSTEM_PROMPT = "Answer with a single JSON object that matches the requested schema. No prose."

@@ -16,8 +16,7 @@ from typing import Any, ClassVar, Mapping
 
 import orjson
 
-from backends.base import BackendError, EncodedRequest, InputError, Usage
-from extproc.template import MissingPathError
+from backends.base import BackendError, EncodedRequest, InputError, MappingError, MissingPathError, Usage
 
 
 class RestAdapter:
@@ -27,8 +26,6 @@ class RestAdapter:
     metric_names: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
 
     def encode(self, route: Any, doc: Any, metadata: Any = None) -> EncodedRequest:
-        from extproc.semantic.mapping import MappingError
-
         body = doc
         if route.mapping is not None:
             try:
@@ -41,8 +38,6 @@ class RestAdapter:
         return EncodedRequest("", orjson.dumps(body))
 
     def decode(self, route: Any, status: int, body: bytes) -> dict[str, Any]:
-        from extproc.semantic.mapping import MappingError
-
         try:
             resp = orjson.loads(body) if body else None
         except orjson.JSONDecodeError:

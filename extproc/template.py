@@ -60,6 +60,10 @@ from typing import Any, Callable, Iterable
 
 import orjson
 
+# Defined beside the backend adapters, which catch it without importing the processor (backends/base.py);
+# re-exported here as this module's render-time error: `extproc.template.MissingPathError` is that class.
+from backends.base import MissingPathError
+
 __all__ = [
     "MAX_DEPTH",
     "MAX_TEMPLATE_BYTES",
@@ -120,20 +124,6 @@ class TemplateError(ValueError):
 
     def __reduce__(self):
         return (type(self), (self.message, self.line, self.column))
-
-
-class MissingPathError(LookupError):
-    """At render time, a path without a default resolved to nothing.
-
-    ``path`` is the canonical text of the path (see `path_text`).
-    """
-
-    def __init__(self, path: str) -> None:
-        super().__init__(f"path {path} not found in the document")
-        self.path = path
-
-    def __reduce__(self):
-        return (type(self), (self.path,))
 
 
 @dataclass(frozen=True)

@@ -40,23 +40,23 @@ from typing import Any, Mapping
 
 import yaml
 
+from backends.base import MappingError as _BackendMappingError
 from extproc.semantic.conversions import Conversion, ConversionError, make_conversion
 from extproc.template import WILDCARD, Template, TemplateError, compile_template, path_text
 
 __all__ = ["CompiledMapping", "FieldConversion", "MappingError", "compile_mapping", "load_mapping", "parse_path"]
 
 
-class MappingError(ValueError):
+class MappingError(_BackendMappingError):
     """A mapping file is invalid (load time), or a value failed to convert (run time).
 
     ``field`` is the mapping-file key (``forward``, ``conversions[2].params``...) at load time,
     or the document path of the value at run time; ``conversion_error`` is the cause then.
+    A `backends.base.MappingError`, which the `rest` adapter catches without importing this module.
     """
 
     def __init__(self, field: str, message: str, conversion_error: ConversionError | None = None) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+        super().__init__(field, message)
         self.conversion_error = conversion_error
 
 
