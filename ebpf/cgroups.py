@@ -15,6 +15,9 @@ not written to the kernel: it is the gateway's admission allowance, carried in t
 Why: no BPF program can enforce a CPU quota; CFS bandwidth control written from user space does.
 Cost: a few small file writes per tenant on apply; `check()` is a few stat calls per tenant.
 Needs root (writes under /sys/fs/cgroup). `root` and `mounts` can point elsewhere for tests.
+Tenant model: the config's (`extproc.config.schema.TenantSpec`: the id is a DNS label, the same rule
+and message as the processor's config); `TenantSpec` here is what the agent applies, built from it
+by `ebpf.tenants`.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ import errno
 import logging
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
+
+from pydantic import BaseModel, ValidationError
+
+from extproc.config import schema
 
 log = logging.getLogger("ebpf.cgroups")
 
@@ -36,7 +42,6 @@ MIN_QUOTA_US = 1_000  # kernel minimum for cfs_quota_us / cpu.max
 MAX_PERIOD_US = 1_000_000
 MIN_CPU = 0.001
 MAX_CPU = 1024.0
-TENANT_ID = re.compile(r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$")
 
 
 class QuotaError(ValueError):
@@ -49,8 +54,9 @@ class QuotaError(ValueError):
 
 @dataclass(frozen=True)
 class TenantSpec:
-    """A tenant as the agent needs it: id, CPU limit (None = unlimited), burst share, pids to place,
-    and `processes`: command-line glob patterns of processes to place (found by scanning /proc)."""
+    """A tenant as the agent applies it: id, CPU limit (None = unlimited), burst share, pids to place,
+    and `processes`: command-line glob patterns of processes to place (found by scanning /proc).
+    Parsed tenants come from the config's model (`from_config`); only `pids` is the agent's own."""
 
     id: str
     cpu_limit: float | None = None
@@ -58,18 +64,54 @@ class TenantSpec:
     pids: tuple[int, ...] = ()
     processes: tuple[str, ...] = ()
 
+    @classmethod
+    def from_config(cls, tenant: schema.TenantSpec, pids: Iterable[int] = ()) -> "TenantSpec":
+        cpu = tenant.cpu
+        return cls(id=tenant.id, cpu_limit=None if cpu is None else cpu.limit, burst=0.0 if cpu is None else cpu.burst,
+                   pids=tuple(pids), processes=tuple(tenant.processes))
 
-def parse_cpu(value) -> float:
-    """CPUs as a number (0.5) or millicores ("500m") -> CPUs; raises ValueError (not range-checked)."""
-    if isinstance(value, bool) or value is None:
-        raise ValueError(f"invalid CPU quantity {value!r}: expected CPUs (0.5) or millicores ('500m')")
-    if isinstance(value, (int, float)):
-        return float(value)
-    s = str(value).strip()
+
+def config_problems(err: ValidationError, model: type[BaseModel] = schema.TenantSpec,
+                    extra_fields: Iterable[str] = ()) -> list[str]:
+    """A config-schema validation error as `field.path: reason` lines, worded as the processor's config
+    loader words them (so the agent and the processor refuse a tenant with the same message)."""
+    out = []
+    for e in err.errors(include_url=False):
+        loc = tuple(p for p in e["loc"] if isinstance(p, int) or not ("[" in p or p in ("int", "str", "float", "none")))
+        path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "<tenant>"
+        if e["type"] == "extra_forbidden":
+            allowed = _fields_at(model, loc[:-1]) + (list(extra_fields) if len(loc) == 1 else [])
+            reason = "unknown field" + (f" (allowed: {', '.join(allowed)})" if allowed else "")
+        elif e["type"] == "missing":
+            reason = "required field is missing"
+        else:
+            reason = e["msg"]
+            for prefix in ("Value error, ", "Assertion failed, "):
+                if reason.startswith(prefix):
+                    reason = reason[len(prefix):]
+        out.append(f"{path}: {reason}")
+    return out
+
+
+def _fields_at(model: Any, loc: tuple) -> list[str]:
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if model is not None else None
+        args = (field.annotation, *getattr(field.annotation, "__args__", ())) if field is not None else ()
+        model = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def id_problem(tenant_id: Any) -> str | None:
+    """The config's rule for a tenant id (`schema.TenantSpec.id`), with its message; None when valid."""
     try:
-        return float(s[:-1]) / 1000 if s.endswith("m") else float(s)
-    except ValueError:
-        raise ValueError(f"invalid CPU quantity {value!r}: expected CPUs (0.5) or millicores ('500m')") from None
+        schema.TenantSpec.model_validate({"id": tenant_id})
+    except ValidationError as e:
+        return "; ".join(config_problems(e))
+    return None
 
 
 def quota_for(cpu_limit: float | None, period_us: int = DEFAULT_PERIOD_US) -> tuple[int, int]:
@@ -92,8 +134,8 @@ def validate(tenants: Iterable[TenantSpec], period_us: int = DEFAULT_PERIOD_US) 
     problems: list[str] = []
     seen: set[str] = set()
     for t in tenants:
-        if not isinstance(t.id, str) or not TENANT_ID.match(t.id):
-            problems.append(f"tenant {t.id!r}: id must be lowercase letters, digits, '-', '_' or '.', 1-63 chars")
+        if (why := id_problem(t.id)) is not None:
+            problems.append(f"tenant {t.id!r}: {why}")
         elif t.id in seen:
             problems.append(f"tenant {t.id!r}: duplicate id")
         seen.add(t.id)

@@ -2,13 +2,18 @@
 
 Accepted forms (`load_tenants(source)`):
   - a YAML file holding an AdapterGateway config: `spec.tenants: [{id, cpu: {limit, burst}, processes}]`
-    (the same fields the processor's config has, see docs/config.md);
+    (the processor's config, see docs/config.md);
   - a YAML file with a top-level `tenants:` list, or just the list; items may add `pids: [..]`,
     processes the agent places in the tenant's cgroups (and places again if the cgroup is recreated);
   - an inline string `id[=limit[:burst]],...`: `acme=0.5,beta=500m:0.2,gamma` (gamma: unlimited).
 `limit` is CPUs (0.5) or millicores ("500m"); `burst` a share of the limit (0.2 = +20 %).
-`tenants_from(objs)` converts already-parsed config objects (anything with `.id` and `.cpu.limit`
-/ `.cpu.burst`, e.g. the processor's compiled config) without reading a file.
+`tenants_from(objs)` converts already-parsed config objects (the processor's
+`extproc.config.schema.TenantSpec`, or anything with `.id` and `.cpu.limit` / `.cpu.burst`) without
+reading a file.
+One tenant model: every form is validated by the config's own `extproc.config.schema.TenantSpec`
+(id a DNS label, CPU quantities, burst range, unknown fields refused), so the agent accepts exactly the
+tenants the processor accepts and refuses the others with the config's message; `pids` is the only
+field of the agent's own (not in `spec.tenants`: the processor would refuse it there).
 Errors raise QuotaError listing every problem, before anything is written anywhere.
 """
 
@@ -18,50 +23,45 @@ import os
 from typing import Any, Iterable
 
 import yaml
+from pydantic import ValidationError
 
-from ebpf.cgroups import QuotaError, TenantSpec, parse_cpu, validate
+from ebpf.cgroups import QuotaError, TenantSpec, config_problems, validate
+from extproc.config.schema import TenantSpec as ConfigTenantSpec
+
+AGENT_FIELDS = ("pids",)  # accepted in tenants files and lists, on top of the config's fields
 
 
-def _spec(item: Any, where: str, problems: list[str]) -> TenantSpec | None:
+def _spec(item: Any, where: str, problems: list[str], allow_pids: bool = True) -> TenantSpec | None:
+    if isinstance(item, ConfigTenantSpec):  # already validated by the processor's config
+        return TenantSpec.from_config(item)
     if isinstance(item, dict):
-        tid, cpu, pids = item.get("id"), item.get("cpu"), item.get("pids", ())
-        processes = item.get("processes", ())
-        unknown = set(item) - {"id", "cpu", "pids", "processes"}
-        if unknown:
-            problems.append(f"{where}: unknown field(s) {sorted(unknown)}")
-        limit = burst = None
-        if cpu is not None:
-            if not isinstance(cpu, dict):
-                problems.append(f"{where}: cpu must be a mapping with limit and burst")
-                return None
-            limit, burst = cpu.get("limit"), cpu.get("burst", 0)
+        fields = dict(item)
+        pids = fields.pop("pids", ()) if allow_pids else ()
     else:  # an object from a parsed config
-        tid, cpu, pids = getattr(item, "id", None), getattr(item, "cpu", None), getattr(item, "pids", ())
-        processes = getattr(item, "processes", ())
-        limit = getattr(cpu, "limit", None) if cpu is not None else None
-        burst = getattr(cpu, "burst", 0) if cpu is not None else 0
+        cpu = getattr(item, "cpu", None)
+        fields = {"id": getattr(item, "id", None), "processes": getattr(item, "processes", ())}
+        if cpu is not None:
+            fields["cpu"] = {k: v for k in ("limit", "burst") if (v := getattr(cpu, k, None)) is not None}
+        pids = getattr(item, "pids", ())
+    tid = fields.get("id")
     try:
-        limit_f = None if limit is None else parse_cpu(limit)
-    except ValueError as e:
-        problems.append(f"{where} ({tid}): {e}")
-        return None
-    try:
-        burst_f = float(burst or 0)
-    except (TypeError, ValueError):
-        problems.append(f"{where} ({tid}): invalid burst {burst!r}")
+        tenant = ConfigTenantSpec.model_validate(fields)
+    except ValidationError as e:
+        extra = AGENT_FIELDS if allow_pids else ()
+        problems.extend(f"{where} ({tid}): {p}" for p in config_problems(e, ConfigTenantSpec, extra))
         return None
     if not isinstance(pids, (list, tuple)):
         problems.append(f"{where} ({tid}): pids must be a list")
         return None
-    if not isinstance(processes, (list, tuple)) or not all(isinstance(x, str) and x for x in processes):
-        problems.append(f"{where} ({tid}): processes must be a list of command-line patterns")
-        return None
-    return TenantSpec(id=tid, cpu_limit=limit_f, burst=burst_f, pids=tuple(pids), processes=tuple(processes))
+    return TenantSpec.from_config(tenant, pids)
 
 
-def tenants_from(items: Iterable[Any], where: str = "tenants") -> list[TenantSpec]:
+def tenants_from(items: Iterable[Any], where: str = "tenants", allow_pids: bool = True) -> list[TenantSpec]:
+    """Validate tenants with the config's model and build the agent's specs; QuotaError lists every problem.
+    `allow_pids=False`: exactly the config's fields (an AdapterGateway config's `spec.tenants`)."""
     problems: list[str] = []
-    specs = [s for i, item in enumerate(items) if (s := _spec(item, f"{where}[{i}]", problems)) is not None]
+    specs = [s for i, item in enumerate(items)
+             if (s := _spec(item, f"{where}[{i}]", problems, allow_pids)) is not None]
     problems += validate(specs)
     if problems:
         raise QuotaError(problems)
@@ -91,8 +91,9 @@ def load_tenants(source: str) -> list[TenantSpec]:
             doc = yaml.safe_load(f)
         except yaml.YAMLError as e:
             raise QuotaError([f"{source}: invalid YAML: {e}"]) from None
-    if isinstance(doc, dict) and isinstance(doc.get("spec"), dict):
-        items, where = doc["spec"].get("tenants") or [], f"{source}: spec.tenants"
+    allow_pids = True
+    if isinstance(doc, dict) and isinstance(doc.get("spec"), dict):  # the processor's config: its fields only
+        items, where, allow_pids = doc["spec"].get("tenants") or [], f"{source}: spec.tenants", False
     elif isinstance(doc, dict):
         items, where = doc.get("tenants") or [], f"{source}: tenants"
     elif isinstance(doc, list):
@@ -103,7 +104,7 @@ def load_tenants(source: str) -> list[TenantSpec]:
         raise QuotaError([f"{source}: expected an AdapterGateway config, a mapping with tenants, or a list"])
     if not isinstance(items, list):
         raise QuotaError([f"{where}: must be a list"])
-    return tenants_from(items, where)
+    return tenants_from(items, where, allow_pids)
 
 
 def config_snapshot_path(source: str) -> str | None:

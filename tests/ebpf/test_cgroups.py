@@ -25,7 +25,9 @@ def test_quota_for(limit, want):
     (TenantSpec("a", -1), "between"), (TenantSpec("a", 0), "between"), (TenantSpec("a", 0.0001), "between"),
     (TenantSpec("a", 5000), "between"), (TenantSpec("a", math.nan), "finite"), (TenantSpec("a", math.inf), "finite"),
     (TenantSpec("a", "0.5"), "finite"), (TenantSpec("a", 0.5, burst=-1), "burst"),
-    (TenantSpec("Bad/Id", 0.5), "id must be"), (TenantSpec("a", 0.5, pids=(0,)), "pid"),
+    (TenantSpec("Bad/Id", 0.5), "id: String should match pattern"), (TenantSpec("a", 0.5, pids=(0,)), "pid"),
+    # the config's id rule (a DNS label): '_' and '.' are refused as the processor's config refuses them
+    (TenantSpec("a_b", 0.5), "id: String should match pattern"), (TenantSpec("a.b"), "id: String should match"),
 ])
 def test_invalid_specs(spec, fragment):
     problems = validate([spec])

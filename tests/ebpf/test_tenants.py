@@ -8,6 +8,7 @@ import pytest
 
 from ebpf.cgroups import QuotaError, TenantSpec
 from ebpf.tenants import config_snapshot_path, load_tenants, tenants_from
+from extproc.config.schema import TenantSpec as ConfigTenantSpec
 
 pytestmark = pytest.mark.ebpf
 
@@ -56,8 +57,15 @@ def test_objects_from_a_parsed_config():
     assert tenants_from(objs) == [TenantSpec("a", 1.5), TenantSpec("b")]
 
 
+def test_config_tenant_objects_are_taken_as_they_are():
+    cfg = ConfigTenantSpec.model_validate({"id": "acme", "cpu": {"limit": "250m", "burst": 0.5}, "processes": ["*ort*"]})
+    assert tenants_from([cfg]) == [TenantSpec("acme", 0.25, 0.5, (), ("*ort*",))]
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("a=-1", "between"), ("a=abc", "invalid CPU"), ("a=0.5,a=1", "duplicate"), ("a=0m", "between"),
+    ("a_b=0.5", "id: String should match pattern"), ("a.b", "id: String should match pattern"),
+    ("a=0.5:11", "cpu.burst: Input should be less than or equal to 10"),
 ])
 def test_invalid_refused_with_every_problem(text, fragment):
     with pytest.raises(QuotaError) as e:
@@ -68,3 +76,31 @@ def test_invalid_refused_with_every_problem(text, fragment):
 def test_missing_file():
     with pytest.raises(QuotaError, match="no such file"):
         load_tenants("/nonexistent/tenants.yaml")
+
+
+@pytest.mark.parametrize("tenant, fragment", [
+    ("{id: acme_eu}", "spec.tenants[0] (acme_eu): id: String should match pattern"),
+    ("{id: a, cpu: {burst: 0.2}}", "spec.tenants[0] (a): cpu.limit: required field is missing"),
+    ("{id: a, pids: [1]}", "spec.tenants[0] (a): pids: unknown field (allowed: id, cpu, processes)"),
+    ("{id: a, cpu: {limit: 1, max: 2}}", "cpu.max: unknown field (allowed: limit, burst)"),
+    ("{id: a, processes: ['']}", "processes[0]: String should have at least 1 character"),
+])
+def test_gateway_config_tenants_are_the_config_schema(write_config, tenant, fragment):
+    """spec.tenants is parsed by the processor's own model: what the config refuses, the agent refuses."""
+    path = write_config(f"""
+        apiVersion: adapter.ai/v1
+        kind: AdapterGateway
+        metadata: {{name: t}}
+        spec:
+          routes: [{{path: /v1/x, target: "b:80"}}]
+          tenants: [{tenant}]
+    """)
+    with pytest.raises(QuotaError) as e:
+        load_tenants(str(path))
+    assert fragment in str(e.value)
+
+
+def test_tenants_file_refuses_unknown_fields_and_names_pids_as_allowed(write_config):
+    path = write_config("tenants: [{id: a, pid: [1]}]", "t.yaml")
+    with pytest.raises(QuotaError, match=r"pid: unknown field \(allowed: id, cpu, processes, pids\)"):
+        load_tenants(str(path))
