@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 
@@ -147,6 +148,6 @@ def test_real_recreate_removed_cgroup_and_remove_tenant(cg_name, burners):
         res = mgr.apply([TenantSpec("b")])
         assert res.removed == ["a"]
         assert not mgr.paths("a").v2.exists() and not mgr.paths("a").cpu.exists()
-        assert "0::/\n" in open(f"/proc/{pid}/cgroup").read()
+        assert "0::/\n" in Path(f"/proc/{pid}/cgroup").read_text()
     finally:
         mgr.close(remove=True)
