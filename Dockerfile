@@ -7,6 +7,6 @@ COPY backends ./backends
 COPY canary ./canary
 COPY ebpf ./ebpf
 COPY examples ./examples
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir '.[ort,sim]'
 EXPOSE 50051 50052 9902
 CMD ["adapterctl", "serve", "/etc/adapter/gateway.yaml"]

@@ -10,7 +10,7 @@ Cost: a counter or histogram update is about 1 to 3 us in multiprocess mode; thr
 
 | metric | type | labels |
 |---|---|---|
-| adapter_processor_requests_total | counter | route, outcome (ok, rejected, error, cancelled) |
+| adapter_processor_requests_total | counter | route, outcome (ok, rejected, backend_error, truncated, cancelled, timeout), counted when the request ends (`on_done`) |
 | adapter_processor_errors_total | counter | route, reason (malformed_json, backend_error, ...) |
 | adapter_processor_request_duration_seconds | histogram | route (processor time over the stream) |
 | adapter_processor_phase_duration_seconds | histogram | route, phase (processor time per message) |
@@ -19,6 +19,9 @@ Cost: a counter or histogram update is about 1 to 3 us in multiprocess mode; thr
 | adapter_processor_tokens_total | counter | route, backend, model, tenant, type (prompt, completion) |
 | adapter_processor_batch_size | histogram | route, backend, model (tensor routes) |
 | adapter_processor_admission_total | counter | tenant, result (admitted, rejected, stale) |
+| adapter_processor_config_mismatch_total | counter | (streams refused: Envoy's config digest unknown to the worker) |
+| adapter_processor_upstream_first_byte_seconds | histogram | route, backend (time to the backend's first byte, from Envoy's access log: TTFT for streams) |
+| adapter_processor_feedback_entries_total | counter | result (matched, late, orphan): Envoy access-log entries received |
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Processor time per phase is sub-millisecond; the buckets resolve 50 us to 1 s.
+TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -51,5 +55,13 @@ class ProcessorMetrics:
                                     registry=registry)
         self.admission = Counter(f"{ns}_admission", "admission decisions for tenants with quotas",
                                  ["tenant", "result"], registry=registry)
+        self.config_mismatch = Counter(f"{ns}_config_mismatch", "streams refused because Envoy's config digest "
+                                       "is not one this worker holds", registry=registry)
+        self.upstream_first_byte = Histogram(f"{ns}_upstream_first_byte_seconds",
+                                             "time from the request's start to the backend's first byte "
+                                             "(Envoy's access log)", ["route", "backend"],
+                                             buckets=TTFB_BUCKETS, registry=registry)
+        self.feedback_entries = Counter(f"{ns}_feedback_entries", "Envoy access-log entries received, by result",
+                                        ["result"], registry=registry)
         self.config_generation = Gauge(f"{ns}_config_generation", "generation of the config snapshot in use",
                                        registry=registry, multiprocess_mode="max")

@@ -2,11 +2,18 @@
 
 What: `ExtProcService.Process` is the `envoy.service.ext_proc.v3.ExternalProcessor/Process`
 handler. The route is named by the stream's gRPC initial metadata (`x-adapter-route`, set per
-route in the generated Envoy config), so the processor never re-matches paths. The config
-snapshot is captured once when the stream opens.
+route in the generated Envoy config), so the processor never re-matches paths; the digest of the
+config Envoy's route came from (`x-adapter-config-digest`) selects the snapshot: the current one,
+or a recent one still held by `ConfigRef` (during a reload Envoy may briefly send the previous
+digest), else the stream is refused with 503 `config_mismatch` naming both digests (counted in
+`adapter_processor_config_mismatch_total`), never served with a route of another config. The
+snapshot is captured once when the stream opens. The request lifecycle (`extproc/lifecycle.py`)
+is started here and told when the stream ends; its first reply carries the lifecycle's dynamic
+metadata so Envoy's access log can report the request's end back to this worker. Requests are
+counted by outcome when `on_done` fires (`RequestObserver`), not when the stream closes.
 Why: replies must match Envoy's messages one for one and in order, so a stream is handled
 sequentially; Envoy ends streams by reset as soon as it needs nothing more, so a cancellation is
-a normal end, not an error.
+a normal end, not an error (the lifecycle decides, from what it knows, whether the client left).
 Cost: the Python gRPC stream itself dominates (about 0.6 to 0.9 ms CPU); this loop adds a few
 microseconds per message plus the stages' own work.
 """
@@ -16,120 +23,196 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from typing import Any, AsyncIterator
 
 from extproc import codec
-from extproc.config.snapshot import DEBUG_METADATA_KEY, ROUTE_METADATA_KEY, TENANT_METADATA_KEY
+from extproc.config.snapshot import (DEBUG_METADATA_KEY, DIGEST_METADATA_KEY, ROUTE_METADATA_KEY,
+                                     TENANT_METADATA_KEY)
+from extproc.errors import reject
 from extproc.metrics import ProcessorMetrics
-from extproc.pipeline import reject
-from extproc.types import Phase, Reject, RequestState
+from extproc.runtime import Runtime
+from extproc.types import Mutate, Outcome, Phase, Reject, RequestState, Respond
 
 log = logging.getLogger(__name__)
 
+KEEP_SNAPSHOTS = 4  # recent snapshots kept for streams from Envoy routes of an older digest
+
 
 class ConfigRef:
-    """Holds the current snapshot; `swap` replaces it atomically (one reference assignment)."""
+    """Holds the current snapshot and a few recent ones by digest; `swap` replaces it atomically."""
 
-    __slots__ = ("current",)
+    __slots__ = ("current", "_recent", "listeners")
 
     def __init__(self, snapshot: Any):
         self.current = snapshot
+        self._recent: OrderedDict[str, Any] = OrderedDict({snapshot.digest: snapshot})
+        self.listeners: list[Any] = []  # called with the new snapshot before it becomes current
 
     def swap(self, snapshot: Any) -> None:
-        self.current = snapshot
+        for listener in self.listeners:
+            listener(snapshot)  # the runtime reconfigures its plugins before any stream sees the snapshot
+        self._recent[snapshot.digest] = snapshot
+        self._recent.move_to_end(snapshot.digest)
+        while len(self._recent) > KEEP_SNAPSHOTS:
+            self._recent.popitem(last=False)
+        self.current = snapshot  # one reference assignment: the swap
+
+    def resolve(self, digest: str | None) -> Any:
+        """The snapshot Envoy's route was rendered from: current when it matches (or no digest was
+        sent), a recent one by digest, or None when this worker does not know it."""
+        current = self.current
+        if not digest or digest == current.digest:
+            return current
+        return self._recent.get(digest)
+
+    @property
+    def digests(self) -> tuple[str, ...]:
+        return tuple(reversed(self._recent))
+
+
+class RequestObserver:
+    """Lifecycle observer: the per-request metrics, counted once when the request ends."""
+
+    def __init__(self, metrics: ProcessorMetrics):
+        self.metrics = metrics
+        self._children: dict[tuple, Any] = {}
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric),) + labels
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
+    def __call__(self, state: RequestState, outcome: Outcome) -> None:
+        m = self.metrics
+        route = state.route
+        label = route.name if route is not None else "unknown"
+        self.child(m.requests, label, outcome.value).inc()
+        if route is None:
+            return
+        tenants = state.snapshot.tenants_by_id
+        if state.tenant in tenants:
+            result = ("rejected" if state.reply_code == "tenant_over_quota"
+                      else "stale" if state.quota_stale else "admitted")
+            self.child(m.admission, state.tenant, result).inc()
+        c = state.completion
+        if c is not None and c.first_upstream_byte is not None and state.backend is not None:
+            self.child(m.upstream_first_byte, label, state.backend).observe(c.first_upstream_byte)
+        usage = state.usage
+        if usage is not None:
+            backend = state.backend or "none"
+            model = state.attrs.get("model") or route.model or "unknown"
+            tenant = state.tenant if state.tenant in tenants else "none"  # never a client-chosen label value
+            if usage.prompt_tokens:
+                self.child(m.tokens, label, backend, model, tenant, "prompt").inc(usage.prompt_tokens)
+            if usage.completion_tokens:
+                self.child(m.tokens, label, backend, model, tenant, "completion").inc(usage.completion_tokens)
+            if usage.batch_size:
+                self.child(m.batch_size, label, backend, model).observe(usage.batch_size)
 
 
 class ExtProcService:
-    def __init__(self, config: ConfigRef, metrics: ProcessorMetrics, recorder: Any = None):
+    def __init__(self, config: ConfigRef, metrics: ProcessorMetrics, recorder: Any = None,
+                 runtime: Runtime | None = None):
         self.config = config
         self.metrics = metrics
+        self.observer = RequestObserver(metrics)
+        self.runtime = runtime if runtime is not None else Runtime()
+        self.runtime.lifecycle.observers.append(self.observer)
+        if self.runtime.installed is None:
+            self.runtime.install(config.current)
+        config.listeners.append(self.runtime.install)
         # Optional `recorder(route_name, request_id, ProcessingRequest)`: captures real Envoy
         # traffic for replay tests (`adapterctl serve --record-dir`); None costs one check per message.
         self.recorder = recorder
-        self._children: dict[tuple, Any] = {}  # cached metric label children
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric),) + labels
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
-
-    def _record_usage(self, state: RequestState, label: str, usage: Any) -> None:
-        m = self.metrics
-        backend = state.backend or "none"
-        model = state.attrs.get("model") or (state.route.model if state.route else None) or "unknown"
-        # only configured tenants become label values (a client-sent id must not grow the series)
-        tenant = state.tenant if state.tenant in state.snapshot.tenants_by_id else "none"
-        if usage.prompt_tokens:
-            self._child(m.tokens, label, backend, model, tenant, "prompt").inc(usage.prompt_tokens)
-        if usage.completion_tokens:
-            self._child(m.tokens, label, backend, model, tenant, "completion").inc(usage.completion_tokens)
-        if usage.batch_size:
-            self._child(m.batch_size, label, backend, model).observe(usage.batch_size)
+        self._child = self.observer.child
 
     async def Process(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
-        snap = self.config.current
-        route_name = debug = request_id = tenant = None
+        route_name = debug = request_id = tenant = digest = None
         for item in context.invocation_metadata() or ():
-            if item.key == ROUTE_METADATA_KEY:
+            key = item.key
+            if key == ROUTE_METADATA_KEY:
                 route_name = item.value
-            elif item.key == DEBUG_METADATA_KEY:
+            elif key == DIGEST_METADATA_KEY:
+                digest = item.value
+            elif key == DEBUG_METADATA_KEY:
                 debug = item.value
-            elif item.key == "x-request-id":
+            elif key == "x-request-id":
                 request_id = item.value
-            elif item.key == TENANT_METADATA_KEY:
+            elif key == TENANT_METADATA_KEY:
                 tenant = item.value
+        snap = self.config.resolve(digest)
+        refusal: Reject | None = None
+        if snap is None:
+            snap = self.config.current
+            self._child(self.metrics.config_mismatch).inc()
+            refusal = reject(503, "config_mismatch",
+                             f"Envoy's route {route_name!r} comes from config digest {digest}; this processor worker "
+                             f"runs generation {snap.generation} (digest {snap.digest}) and knows "
+                             f"{', '.join(self.config.digests)}: Envoy and the processor were given different "
+                             "AdapterGateway configs (reload both from the same file)", envoy_digest=digest,
+                             processor_digest=snap.digest)
         route = snap.routes.get(route_name) if route_name else None
+        if route is None and refusal is None:
+            refusal = reject(503, "unknown_route",
+                             f"processor has no route {route_name!r} in config generation {snap.generation}; "
+                             "re-render the Envoy config from the same AdapterGateway file")
+        state = RequestState(snapshot=snap, route=route if refusal is None else None, started=time.monotonic(),
+                             request_id=request_id or "", debug=debug in ("1", "true"), tenant=tenant or None,
+                             runtime=self.runtime)
+        lifecycle = self.runtime.lifecycle
+        lifecycle.start(state)
+        dialect = route.dialect if route is not None else "adapter"
         label = route.name if route is not None else "unknown"
-        state = RequestState(snapshot=snap, route=route, started=time.monotonic(),
-                             request_id=request_id or "", debug=debug in ("1", "true"), tenant=tenant or None)
+        pipeline = route.pipeline if route is not None else None
+        last_phase = pipeline.last_phase() if pipeline is not None else None
         m = self.metrics
         m.streams_active.inc()
         busy = 0.0
-        outcome = "ok"
+        how = "end"
         try:
             async for req in request_iterator:
                 if self.recorder is not None:
                     self.recorder(route_name, state.request_id, req)
                 t0 = time.perf_counter()
                 msg = codec.decode(req)
-                if route is None:
-                    verdict: Any = reject(
-                        503, "unknown_route",
-                        f"processor has no route {route_name!r} in config generation {snap.generation}; "
-                        "re-render the Envoy config from the same AdapterGateway file", request_id=state.request_id)
+                phase = msg.phase
+                if refusal is not None:
+                    verdict: Any = refusal
                 else:
-                    if msg.phase is Phase.RESPONSE_HEADERS and msg.headers:
+                    if phase is Phase.RESPONSE_HEADERS and msg.headers:
                         state.response_status = int(msg.headers.get(":status", "0") or 0)
-                    verdict = await route.pipeline.run(state, msg)
-                resp = codec.encode(msg.phase, verdict)
+                    elif phase is Phase.RESPONSE_BODY and state.first_byte is None:
+                        state.first_byte = time.monotonic()
+                    verdict = await pipeline.run(state, msg)
+                    if (phase is last_phase and (msg.end_of_stream or phase is not Phase.RESPONSE_BODY)) or \
+                            (isinstance(verdict, Mutate) and verdict.skip_body and phase is Phase.RESPONSE_HEADERS):
+                        state.attrs["_complete"] = True
+                metadata = lifecycle.metadata(state) if not state.token_sent else None
+                resp = codec.encode(phase, verdict, dialect, label, state.request_id, metadata)
                 dt = time.perf_counter() - t0
                 busy += dt
-                self._child(m.phase_duration, label, msg.phase.value).observe(dt)
+                self._child(m.phase_duration, label, phase.value).observe(dt)
                 yield resp
-                if isinstance(verdict, Reject):
-                    state.attrs["reject_reason"] = verdict.reason
-                    if verdict.status >= 400:
-                        outcome = "rejected" if verdict.status < 500 else "error"
-                        self._child(m.errors, label, verdict.reason).inc()
+                if isinstance(verdict, (Reject, Respond)):
+                    state.reply_status = verdict.status
+                    state.reply_code = verdict.reason
+                    if isinstance(verdict, Reject):
+                        self._child(m.errors, label, verdict.code).inc()
+                    state.attrs["_complete"] = True
                     return
         except asyncio.CancelledError:
-            # Envoy resets the side stream once it needs nothing more: a normal end.
+            # Envoy resets the side stream once it needs nothing more: a normal end, unless the
+            # lifecycle learns (from the stream's progress or Envoy's access log) that the client left.
+            how = "cancelled"
             raise
         except Exception:
-            outcome = "error"
+            how = "error"
             log.exception("stream for route %s failed", label)
             raise
         finally:
-            if route is not None and state.tenant in snap.tenants_by_id:
-                reason = state.attrs.get("reject_reason")
-                result = ("rejected" if reason == "tenant_over_quota"
-                          else "stale" if state.attrs.get("quota_stale") else "admitted")
-                self._child(m.admission, state.tenant, result).inc()
-            usage = state.attrs.get("usage")
-            if usage is not None:
-                self._record_usage(state, label, usage)
             m.streams_active.dec()
-            self._child(m.requests, label, outcome).inc()
             self._child(m.request_duration, label).observe(busy)
+            lifecycle.stream_ended(state, how)

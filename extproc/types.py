@@ -2,9 +2,12 @@
 
 What: `Phase` (the ext_proc message kinds, named once), `HttpMessage` (one decoded message),
 `RequestState` (the one per-request object every stage reads and writes, like mitmproxy's flow),
-and the verdicts a stage returns: `Continue`, `Mutate`, `Reject`.
+the verdicts a stage returns (`Continue`, `Mutate`, `Reject` for errors, `Respond` for answers the
+processor makes itself), and `Outcome`, how a request ended (given to `on_done` exactly once).
 Why: stages never see protobuf; only `extproc/codec.py` converts between these and ext_proc
-messages, so the protocol can change without touching a stage (GIE #2082's lesson).
+messages, so the protocol can change without touching a stage (GIE #2082's lesson). Errors are
+structured (status, code, message, fields, retry-after): the route's dialect renders them, so a
+stage never needs to know whether the client speaks OpenAI, KServe or our own JSON.
 Cost: plain slotted dataclasses; creating a state is a few hundred nanoseconds.
 """
 
@@ -24,6 +27,24 @@ class Phase(enum.Enum):
     RESPONSE_HEADERS = "response_headers"
     RESPONSE_BODY = "response_body"
     RESPONSE_TRAILERS = "response_trailers"
+
+
+class Outcome(enum.Enum):
+    """How one request ended; the value is the `outcome` label of `adapter_processor_requests_total`.
+
+    ok: answered (2xx/3xx, by the backend or the processor); rejected: refused with a 4xx (by the
+    processor, e.g. 400/401/413/429, or by the backend); backend_error: a 5xx, from the backend or on
+    its behalf (Envoy's 503 for a backend that is down, the processor's 502 for output it cannot map);
+    truncated: the backend ended a stream before it was complete; cancelled: the client went away
+    (reset, disconnect) before the answer was complete; timeout: the upstream or stream timed out (504).
+    """
+
+    OK = "ok"
+    REJECTED = "rejected"
+    BACKEND_ERROR = "backend_error"
+    TRUNCATED = "truncated"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
 
 
 @dataclass(slots=True)
@@ -51,7 +72,9 @@ class Mutate:
 
     `clear_route_cache` makes Envoy re-match the route after header changes (the processor picks the
     backend this way); `body=None` leaves the body alone; `skip_body` (in a headers reply) tells
-    Envoy not to send this message's body, which then streams through untouched.
+    Envoy not to send this message's body, which then streams through untouched;
+    `dynamic_metadata` is `((namespace, {key: value}), ...)` for Envoy's later filters, the load
+    balancer (`envoy.lb`) and the access log (`adapter`).
     """
 
     set_headers: tuple[tuple[str, str], ...] = ()
@@ -59,6 +82,7 @@ class Mutate:
     body: bytes | None = None
     clear_route_cache: bool = False
     skip_body: bool = False
+    dynamic_metadata: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
     def merge(self, other: "Mutate") -> "Mutate":
         return Mutate(
@@ -67,15 +91,43 @@ class Mutate:
             other.body if other.body is not None else self.body,
             self.clear_route_cache or other.clear_route_cache,
             self.skip_body or other.skip_body,
+            self.dynamic_metadata + other.dynamic_metadata,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """Answer the client now with `status` and a JSON body; the request goes no further.
+    """Refuse the request now with an error (status >= 400); it goes no further.
 
-    `reason` is a short machine code (metrics label, `x-adapter-error` header, Envoy's
-    %RESPONSE_CODE_DETAILS%)."""
+    Structured, not pre-rendered: the route's dialect (`extproc/errors.py`) turns it into the
+    body its clients parse (the OpenAI error object, KServe's `{"error": ...}`, ours). `code` is a
+    short machine code (metrics label, `x-adapter-error` header, Envoy's %RESPONSE_CODE_DETAILS%);
+    `fields` are extra facts for the body (`limit`, `tenant`, `param`, ...); `retry_after` (seconds)
+    becomes a `Retry-After` header.
+    """
+
+    status: int
+    code: str
+    message: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    retry_after: int | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return self.code
+
+    @property
+    def body(self) -> bytes:
+        """The error in our own dialect (the codec renders the route's; this is for logs and tests)."""
+        from extproc.errors import render
+
+        return render("adapter", self)
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """Answer the client now with a body the processor made (health, `GET /models`): not an error."""
 
     status: int
     body: bytes
@@ -83,7 +135,7 @@ class Reject:
     headers: tuple[tuple[str, str], ...] = ()
 
 
-Verdict = Continue | Mutate | Reject
+Verdict = Continue | Mutate | Reject | Respond
 
 
 @dataclass(slots=True)
@@ -91,7 +143,9 @@ class RequestState:
     """Everything known about one HTTP request, carried across its ext_proc messages.
 
     The config snapshot is captured once when the stream opens, so one request sees one config
-    even if a reload happens mid-flight.
+    even if a reload happens mid-flight. `runtime` is the worker's long-lived state (it outlives
+    snapshots); `request` the one parsed view of the body (`extproc/request.py`). The fields from
+    `token` on belong to the lifecycle (`extproc/lifecycle.py`): stages read them, only it writes.
     """
 
     snapshot: Any  # extproc.config.snapshot.Snapshot
@@ -100,10 +154,25 @@ class RequestState:
     request_id: str = ""
     debug: bool = False
     tenant: str | None = None
-    backend: str | None = None
+    backend: str | None = None  # the name of the backend chosen by dispatch
+    target: Any = None  # that backend (extproc.config.snapshot.Backend)
+    endpoint: str | None = None  # "ip:port" the processor picked (None: Envoy balances)
+    variant: str | None = None  # the variant chosen by dispatch (canary), if any
+    request: Any = None  # extproc.request.InferenceRequest
     input_doc: Any = None
     backend_request: bytes | None = None
     response_status: int | None = None
-    outcome: str = "ok"
-    marks: dict[str, float] = field(default_factory=dict)
-    attrs: dict[str, Any] = field(default_factory=dict)
+    usage: Any = None  # backends.base.Usage, when the backend reported it
+    quota_stale: bool = False  # admission ran on stale tenant data
+    observed: Outcome | None = None  # what a stage saw that status codes do not show (truncated)
+    first_byte: float | None = None  # monotonic time of the first response body chunk seen
+    runtime: Any = None  # extproc.runtime.Runtime
+    attrs: dict[str, Any] = field(default_factory=dict)  # stage-private values (one stage writes and reads)
+    # lifecycle
+    token: str = ""  # unique per worker; Envoy's access log carries it back
+    token_sent: bool = False  # Envoy has it (a reply with the metadata went out)
+    reply_status: int | None = None  # the processor answered the client itself (Reject/Respond)
+    reply_code: str | None = None
+    stream_end: str | None = None  # "end" | "cancelled" | "error", once the ext_proc stream is over
+    completion: Any = None  # extproc.lifecycle.Completion from Envoy's access log
+    outcome: Outcome | None = None  # set once, when on_done fires

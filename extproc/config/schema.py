@@ -112,6 +112,10 @@ class ProcessorSpec(_Model):
     admin_port: Port = 9902  # Prometheus /metrics and /healthz of the processor
     message_timeout: Duration = 1.0  # Envoy waits this long for each processor reply
     shutdown_grace: Duration = 5.0  # drain time after NOT_SERVING before streams are cancelled
+    # How a request's end reaches the processor: `accessLog` (Envoy's gRPC access log, one logger
+    # per worker, as `adapterctl render-envoy` and `up` configure it) or `stream` (only what the
+    # ext_proc stream sees; for an Envoy configured by hand without those loggers).
+    feedback: Literal["accessLog", "stream"] = "accessLog"
 
 
 class BackendSpec(_Model):
@@ -166,6 +170,7 @@ class RouteSpec(_Model):
     output_schema: dict[str, Any] | None = None  # JSON Schema asked of the model; default: derived from transform
     openapi: str | None = None  # tool routes: the service's OpenAPI document (path relative to this file)
     mapping: str | None = None  # rest routes: a field-mapping file from `adapterctl align` (relative path)
+    plugins: tuple[Annotated[str, Field(pattern=DNS_LABEL)], ...] = ()  # names from spec.plugins, by slot
     policy: RoutePolicy = RoutePolicy()
 
 
@@ -205,6 +210,16 @@ class TenancySpec(_Model):
     retry_after: Annotated[int, Field(ge=1, le=3600)] = 1  # Retry-After seconds on 429
 
 
+class PluginSpec(_Model):
+    """A named, parameterised plugin (the llm-d EndpointPickerConfig shape); routes refer to it by name.
+
+    `type` is one of `extproc.scheduling.plugin_types()`; `parameters` are validated against that
+    type's own schema when the config is compiled."""
+    name: Annotated[str, Field(pattern=DNS_LABEL)]
+    type: Annotated[str, Field(min_length=1)]
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
 class GatewaySpec(_Model):
     model_ref: str | None = None  # "name[@registry]": default model for llm routes
     protocol: Literal["http", "grpc"] = "http"  # default backend transport
@@ -215,6 +230,7 @@ class GatewaySpec(_Model):
     routes: Annotated[tuple[RouteSpec, ...], Field(min_length=1)]
     tenants: tuple[TenantSpec, ...] = ()
     tenancy: TenancySpec = TenancySpec()
+    plugins: tuple[PluginSpec, ...] = ()
 
 
 class AdapterGateway(_Model):

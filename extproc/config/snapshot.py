@@ -22,6 +22,9 @@ ROUTE_TARGET_HEADER = "x-adapter-route-target"  # set with it: which route entry
 ROUTE_METADATA_KEY = "x-adapter-route"  # gRPC initial metadata: which route a stream serves
 DEBUG_METADATA_KEY = "x-adapter-debug"
 TENANT_METADATA_KEY = "x-adapter-tenant"  # the request's tenant id, as Envoy resolved it for the route
+DIGEST_METADATA_KEY = "x-adapter-config-digest"  # gRPC initial metadata: the digest Envoy's routes came from
+DESTINATION_HEADER = "x-gateway-destination-endpoint"  # endpoint-picker protocol: "ip:port[,ip:port...]"
+LB_METADATA_NAMESPACE = "envoy.lb"  # dynamic metadata the override-host load balancer reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,36 @@ class Backend:
     def cluster(self) -> str:
         """Envoy cluster name: the backend name (DNS labels cannot collide with `adapter_*`)."""
         return self.name
+
+    @property
+    def endpoint_ids(self) -> tuple[str, ...]:
+        """Endpoints as the endpoint-picker protocol names them: "ip:port" ("[v6]:port")."""
+        return tuple(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.endpoints)
+
+    @property
+    def pickable(self) -> bool:
+        """The processor can name an endpoint: all are IPs (Envoy resolves host names itself)."""
+        return all(_is_ip(h) for h, _ in self.endpoints)
+
+
+def _is_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class PluginRef:
+    """A plugin declared in `spec.plugins`: name, type, slot and validated parameters."""
+
+    name: str
+    type: str
+    slot: str
+    params: Any  # the plugin type's Parameters model instance
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +94,8 @@ class Route:
     tools: Any = None  # tool routes: extproc.semantic.tools.ToolSet
     mapping: Any = None  # rest routes: extproc.semantic.mapping.CompiledMapping
     backends: tuple[Backend, ...] = ()  # every target; backend is backends[0]
+    dialect: str = "adapter"  # how errors are rendered (extproc/errors.py), from the route kind
+    picker: PluginRef | None = None  # the dispatch slot's endpoint picker (None: Envoy balances)
 
     def backend_for_model(self, model: str | None) -> Backend | None:
         """The first target serving `model` (a backend with no models listed serves any)."""
@@ -68,6 +103,12 @@ class Route:
             if not b.models or model in b.models:
                 return b
         return None
+
+    def backends_for_model(self, model: str | None) -> tuple[Backend, ...]:
+        """Targets that can serve `model`, in order; every target when no model is named."""
+        if model is None:
+            return self.backends
+        return tuple(b for b in self.backends if not b.models or model in b.models)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -95,6 +136,7 @@ class Snapshot:
     routes: Mapping[str, Route]  # by name, in config order; the health route last
     tenants: tuple[TenantSpec, ...] = field(default=())
     tenancy: Any = None  # extproc.config.schema.TenancySpec
+    plugins: Mapping[str, PluginRef] = field(default_factory=dict)
 
     @property
     def tenants_by_id(self) -> Mapping[str, TenantSpec]:
@@ -103,6 +145,7 @@ class Snapshot:
     def __post_init__(self) -> None:
         object.__setattr__(self, "backends", MappingProxyType(dict(self.backends)))
         object.__setattr__(self, "routes", MappingProxyType(dict(self.routes)))
+        object.__setattr__(self, "plugins", MappingProxyType(dict(self.plugins)))
         object.__setattr__(self, "_tenants_by_id", MappingProxyType({t.id: t for t in self.tenants}))
 
     @property

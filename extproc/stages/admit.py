@@ -15,6 +15,7 @@ snapshot (`ebpf/snapshot.py`), read in place without blocking; a snapshot older 
 (default: admit), as does a missing one.
 Why here: the cgroup limit caps what a tenant's workload can burn; admission stops the gateway from
 queueing work for a tenant that is already over, before any backend sees it.
+The snapshot reader lives in the worker's runtime, so a config reload keeps it (and its warning state).
 Cost: a dict lookup; with a quota, one `os.stat` at most every 5 ms plus a FlatBuffers field read.
 """
 
@@ -23,10 +24,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import orjson
-
-from extproc.pipeline import reject
-from extproc.types import HttpMessage, Reject, RequestState, Verdict
+from extproc.errors import reject
+from extproc.types import HttpMessage, RequestState, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +34,20 @@ class Admit:
     name = "admit"
 
     def __init__(self) -> None:
-        self._reader: Any = None
-        self._reader_path: str | None = None
-        self._warned_stale = False
+        self._own: dict[str, Any] = {}  # used only without a runtime (unit tests)
 
-    def _snapshot(self, tenancy: Any) -> Any:
-        if self._reader is None or self._reader_path != tenancy.snapshot:
+    def _memo(self, state: RequestState) -> dict[str, Any]:
+        return state.runtime.cache("admit") if state.runtime is not None else self._own
+
+    def _snapshot(self, state: RequestState, tenancy: Any) -> Any:
+        memo = self._memo(state)
+        key = (tenancy.snapshot, tenancy.stale_after)
+        reader = memo.get(key)
+        if reader is None:
             from ebpf.snapshot import SnapshotReader
 
-            self._reader = SnapshotReader(tenancy.snapshot, stale_after_s=tenancy.stale_after)
-            self._reader_path = tenancy.snapshot
-        return self._reader.current()
+            reader = memo[key] = SnapshotReader(tenancy.snapshot, stale_after_s=tenancy.stale_after)
+        return reader.current()
 
     def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         snap = state.snapshot
@@ -57,42 +59,38 @@ class Admit:
         if not tenant_id:
             header = route.tenant_header or snap.tenancy.header
             return reject(401, "tenant_required", f"this route serves tenants: the request carries no tenant "
-                          f"(expected from {header})", route=route.name, request_id=state.request_id)
+                          f"(expected from {header})")
         tenant = tenants.get(tenant_id)
         if tenant is None:
             state.tenant = None  # never label metrics with arbitrary client input
-            return reject(403, "unknown_tenant", f"tenant {tenant_id!r} is not configured on this gateway",
-                          route=route.name, request_id=state.request_id)
+            return reject(403, "unknown_tenant", f"tenant {tenant_id!r} is not configured on this gateway")
         if tenant.cpu is None:
             return None
         tenancy = snap.tenancy
-        reading = self._snapshot(tenancy)
+        reading = self._snapshot(state, tenancy)
         view = reading.tenant(tenant_id) if reading is not None else None
+        memo = self._memo(state)
         if reading is None or reading.stale or view is None:
-            state.attrs["quota_stale"] = True
-            if not self._warned_stale:
-                self._warned_stale = True
+            state.quota_stale = True
+            if not memo.get("warned_stale"):
+                memo["warned_stale"] = True
                 age = f"{reading.age_s:.1f}s old" if reading is not None else "missing"
                 log.warning("tenant agent snapshot %s is %s; applying stalePolicy=%s", tenancy.snapshot, age,
                             tenancy.stale_policy)
             if tenancy.stale_policy == "reject":
                 return reject(503, "quota_data_stale", "tenant CPU measurements are unavailable and this gateway "
-                              "refuses requests without them", tenant=tenant_id, request_id=state.request_id)
+                              "refuses requests without them", tenant=tenant_id)
             return None
-        self._warned_stale = False
+        memo["warned_stale"] = False
         allowance = tenant.cpu.limit * (1.0 + tenant.cpu.burst)
         used = view.cpu_used
         window_ns = max(1, view.window_end_mono_ns - view.window_start_mono_ns)
         throttled = view.throttled_window_ns / window_ns
         if used > allowance or throttled > tenant.cpu.burst:
-            body = orjson.dumps({"error": {
-                "status": 429, "code": "tenant_over_quota",
-                "message": f"tenant {tenant_id} used {used:.3f} CPU over the last window and was throttled "
-                           f"{throttled:.0%} of it; its quota is {tenant.cpu.limit:g} CPU "
-                           f"(+{tenant.cpu.burst:.0%} burst)",
-                "tenant": tenant_id, "cpu_used": round(used, 4), "throttled_share": round(throttled, 4),
-                "cpu_limit": tenant.cpu.limit,
-                "burst": tenant.cpu.burst, "retry_after_s": tenancy.retry_after, "route": route.name,
-                "request_id": state.request_id}})
-            return Reject(429, body, "tenant_over_quota", headers=(("retry-after", str(tenancy.retry_after)),))
+            return reject(
+                429, "tenant_over_quota",
+                f"tenant {tenant_id} used {used:.3f} CPU over the last window and was throttled "
+                f"{throttled:.0%} of it; its quota is {tenant.cpu.limit:g} CPU (+{tenant.cpu.burst:.0%} burst)",
+                retry_after=tenancy.retry_after, tenant=tenant_id, cpu_used=round(used, 4),
+                throttled_share=round(throttled, 4), cpu_limit=tenant.cpu.limit, burst=tenant.cpu.burst)
         return None

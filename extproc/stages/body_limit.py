@@ -12,7 +12,7 @@ Cost: one header lookup; one len().
 
 from __future__ import annotations
 
-from extproc.pipeline import reject
+from extproc.errors import reject
 from extproc.types import HttpMessage, RequestState, Verdict
 
 
@@ -32,4 +32,4 @@ def check_length(state: RequestState, size: int) -> Verdict | None:
     if size <= limit:
         return None
     return reject(413, "body_too_large", f"request body is {size} bytes; route {state.route.name} accepts at most {limit}",
-                  limit=limit, route=state.route.name, request_id=state.request_id)
+                  limit=limit)

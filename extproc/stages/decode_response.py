@@ -18,7 +18,8 @@ import base64
 import orjson
 
 from backends.base import BackendError
-from extproc.pipeline import reject
+from extproc.errors import reject
+from extproc.stages.dispatch import backend_of
 from extproc.template import MissingPathError
 from extproc.types import HttpMessage, Mutate, RequestState, Verdict
 
@@ -33,18 +34,17 @@ class DecodeResponse:
         if state.backend_request is None or status >= 300:
             # Envoy's own reply (413, 503 backend down, 504: already JSON naming the backend) or
             # the backend's error: the client gets it as it is, and Envoy need not send us the body.
-            state.outcome = "passed_error"
             return Mutate(skip_body=True)
         return None
 
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         route = state.route
+        backend = backend_of(state)
         try:
-            doc = route.backend.adapter.decode(route, state.response_status or 200, msg.body)
+            doc = backend.adapter.decode(route, state.response_status or 200, msg.body)
         except BackendError as e:
-            return reject(e.status, e.code, e.message, backend=route.backend.name, route=route.name,
-                          request_id=state.request_id)
-        state.attrs["usage"] = route.backend.adapter.usage(doc["response"])
+            return reject(e.status, e.code, e.message, backend=backend.name)
+        state.usage = backend.adapter.usage(doc["response"])
         if route.transform is None:
             body = orjson.dumps(doc["output"])
         else:
@@ -54,11 +54,11 @@ class DecodeResponse:
             except MissingPathError as e:
                 return reject(502, "transform_path_missing",
                               f"response transform: {e.path} not found in the backend output",
-                              path=e.path, backend=route.backend.name, route=route.name, request_id=state.request_id)
+                              path=e.path, backend=backend.name)
         headers = [("content-type", "application/json")]
         if state.debug:
             headers.append(("x-adapter-route", route.name))
-            headers.append(("x-adapter-backend", route.backend.name))
+            headers.append(("x-adapter-backend", backend.name))
             if state.backend_request is not None:
                 headers.append(("x-adapter-backend-request",
                                 base64.b64encode(state.backend_request[:DEBUG_LIMIT]).decode()))

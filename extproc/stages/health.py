@@ -16,9 +16,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from extproc.pipeline import reject
+from extproc.errors import reject
 from extproc.probe import probe_backend
-from extproc.types import HttpMessage, Reject, RequestState, Verdict
+from extproc.types import HttpMessage, RequestState, Respond, Verdict
 
 PROBES = ("protocol-negotiation", "processor")
 
@@ -28,7 +28,7 @@ class Health:
 
     def __init__(self, timeout: float = 0.5):
         self.timeout = timeout
-        self.started = time.time()
+        self.started = time.time()  # without a runtime (unit tests); the runtime's outlives reloads
 
     async def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict:
         query = parse_qs(urlsplit((msg.headers or {}).get(":path", "")).query)
@@ -41,7 +41,8 @@ class Health:
             "probe": probe,
             "processor": {"status": "serving", "pid": os.getpid(), "config": snap.name,
                           "generation": snap.generation, "digest": snap.digest,
-                          "uptime_s": round(time.time() - self.started, 1)},
+                          "uptime_s": round(time.time() - (state.runtime.started if state.runtime is not None
+                                                           else self.started), 1)},
         }
         failed: list[str] = []
         if probe == "protocol-negotiation":
@@ -53,4 +54,4 @@ class Health:
             body["status"] = "degraded"
             body["failed"] = failed
         status = 503 if failed else 200
-        return Reject(status, orjson.dumps(body), "health_ok" if status == 200 else "health_failed")
+        return Respond(status, orjson.dumps(body), "health_ok" if status == 200 else "health_failed")

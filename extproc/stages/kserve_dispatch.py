@@ -1,9 +1,10 @@
-"""Stage `kserve-dispatch`: KServe v2 paths through the gateway to the backend serving the model.
+"""Stage `kserve-parse`: the model of a KServe v2 request, from its path, for dispatch.
 
 What: on a `kserve` route (for example `path: /v2, match: prefix`), `/v2/models/{model}[/versions/
-{v}]/...` goes to the first target that lists `model` (a target with no `models` serves any); an
-unknown model is a 404 in KServe's error shape (`{"error": "..."}`, what tritonclient reports).
-Paths without a model (`/v2/health/ready`, `/v2`, `/v2/repository/index`) and gRPC calls
+{v}]/...` names the model (`state.request`, `extproc/request.py`); `dispatch` then sends it to the
+first target that lists the model (a target with no `models` serves any) and answers an unknown
+model with a 404 in KServe's error shape (`{"error": "..."}`, what tritonclient reports). Paths
+without a model (`/v2/health/ready`, `/v2`, `/v2/repository/index`) and gRPC calls
 (`/inference.GRPCInferenceService/...`, whose model is inside the protobuf body) go to the route's
 first target. Bodies are never read: binary tensors pass through untouched.
 Cost: one path split in the request-headers reply; one round trip.
@@ -11,26 +12,16 @@ Cost: one path split in the request-headers reply; one round trip.
 
 from __future__ import annotations
 
-import orjson
-
-from extproc.stages.select_backend import route_to
-from extproc.types import HttpMessage, Reject, RequestState, Verdict
+from extproc.request import parse_kserve
+from extproc.types import HttpMessage, RequestState, Verdict
 
 
-class KServeDispatch:
-    name = "kserve-dispatch"
+class KServeParse:
+    name = "kserve-parse"
 
-    def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict:
-        path = (msg.headers or {}).get(":path", "").split("?", 1)[0]
-        parts = path.strip("/").split("/")
-        route = state.route
-        if len(parts) >= 3 and parts[0] == "v2" and parts[1] == "models" and parts[2]:
-            model = parts[2]
-            state.attrs["model"] = model
-            backend = route.backend_for_model(model)
-            if backend is None:
-                body = orjson.dumps({"error": f"Request for unknown model: '{model}' is not found "
-                                              f"(served through this gateway: {', '.join(route.models) or 'none'})"})
-                return Reject(404, body, "model_not_found")
-            return route_to(state, backend)
-        return route_to(state, route.backend)
+    def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
+        path = (msg.headers or {}).get(":path", "")
+        state.request = parse_kserve(path, tenant=state.tenant)
+        if state.request.model is not None:
+            state.attrs["model"] = state.request.model
+        return None

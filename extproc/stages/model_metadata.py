@@ -2,8 +2,9 @@
 
 What: before a tensor route encodes the client's JSON into input tensors, this stage makes sure
 the model's metadata (`GET /v2/models/{model}`: input names, datatypes, shapes) is known, so
-encoding can check shapes and types and name the bad input in a 400. Metadata is cached per
-(backend, model) for `ttl` seconds; a fetch failure is logged once and the request goes on
+encoding can check shapes and types and name the bad input in a 400. It asks the endpoint dispatch
+picked (else the backend's first). Metadata is cached per (backend, model) for `ttl` seconds in the
+worker's runtime, so a config reload does not empty the cache; a fetch failure is logged once and the request goes on
 without it (datatypes are then inferred from the JSON and the backend has the last word); a 404
 from the backend is a 404 to the client.
 Cost: one HTTP/1.1 request per model per `ttl` (bounded by `timeout`); a dict lookup otherwise.
@@ -17,7 +18,8 @@ import time
 
 import orjson
 
-from extproc.pipeline import reject
+from extproc.errors import reject
+from extproc.stages.dispatch import backend_of
 from extproc.types import HttpMessage, RequestState, Verdict
 
 log = logging.getLogger(__name__)
@@ -60,31 +62,41 @@ class ModelMetadata:
 
     def __init__(self, ttl: float = 60.0, timeout: float = 0.5):
         self.ttl, self.timeout = ttl, timeout
-        self._cache: dict[tuple[str, str], tuple[float, dict]] = {}
-        self._warned: set[tuple[str, str]] = set()
+        self._own_cache: dict = {}  # used only without a runtime (unit tests)
+        self._own_warned: dict = {}
 
     async def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         route = state.route
-        backend = route.backend
+        backend = backend_of(state)
+        runtime = state.runtime
+        cache = runtime.cache("model-metadata") if runtime is not None else self._own_cache
+        warned = runtime.cache("model-metadata-warned") if runtime is not None else self._own_warned
         key = (backend.name, route.model)
-        hit = self._cache.get(key)
+        hit = cache.get(key)
         now = time.monotonic()
         if hit is not None and now - hit[0] < self.ttl:
             state.attrs["model_metadata"] = hit[1]
             return None
-        host, port = backend.endpoints[0]
+        host, port = _endpoint(state, backend)
         try:
             status, meta = await http_get_json(host, port, f"/v2/models/{route.model}", self.timeout)
         except (OSError, TimeoutError, ValueError, IndexError) as e:
-            if key not in self._warned:
-                self._warned.add(key)
+            if key not in warned:
+                warned[key] = True
                 log.warning("cannot fetch metadata of model %s from %s (%s); encoding without it", route.model,
                             backend.name, e)
             return None
         if status == 404:
             return reject(404, "model_not_found", f"backend {backend.name} does not serve model {route.model}",
-                          backend=backend.name, route=route.name, request_id=state.request_id)
+                          backend=backend.name)
         if status == 200 and isinstance(meta, dict):
-            self._cache[key] = (now, meta)
+            cache[key] = (now, meta)
             state.attrs["model_metadata"] = meta
         return None
+
+
+def _endpoint(state: RequestState, backend) -> tuple[str, int]:
+    if state.endpoint is not None:
+        host, _, port = state.endpoint.rpartition(":")
+        return host.strip("[]"), int(port)
+    return backend.endpoints[0]

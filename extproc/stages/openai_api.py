@@ -1,15 +1,16 @@
-"""Stage `openai-api`: the OpenAI API (vLLM) through the gateway, with model dispatch and token usage.
+"""Stages `openai-parse` and `openai-usage`: the OpenAI API (vLLM) through the gateway, with token usage.
 
 What, per request on an `openai` route (for example `path: /v1/, match: prefix`):
 - `GET .../models` is answered by the processor: the models every target serves (LoRA names
   included), in OpenAI's list format;
-- a JSON body's `model` picks the target serving it (404 naming the served models otherwise); the
-  body is forwarded byte for byte, except that a streaming request without
+- `openai-parse` reads the JSON body once into `state.request` (`extproc/request.py`); `dispatch`
+  then picks the target serving its `model` (404 naming the served models otherwise). The body is
+  forwarded byte for byte, except that a streaming request without
   `stream_options.include_usage` gets it added, so usage can be counted; that extra final usage
   chunk is then removed from the stream again so the client sees what it asked for;
 - error responses pass through untouched (no body phase); successful ones are read chunk by chunk
-  (Envoy STREAMED mode: an SSE stream reaches the client event by event, never buffered whole)
-  and their usage is counted in `adapter_processor_tokens_total{route,backend,model,tenant,type}`.
+  by `openai-usage` (Envoy STREAMED mode: an SSE stream reaches the client event by event, never
+  buffered whole) and their usage is counted in `adapter_processor_tokens_total{route,backend,model,tenant,type}`.
 - a stream the backend ends without `data: [DONE]` gets an error event (`code:
   backend_stream_truncated`, vLLM's in-stream error shape, which the `openai` client raises as
   APIError) and a clean `data: [DONE]` end. A connection *reset* mid-stream cannot be turned into
@@ -25,60 +26,61 @@ import time
 
 import orjson
 
+from extproc.errors import reject
+from extproc.request import parse_json_body, parse_openai
 from extproc.stages.body_limit import check_length
-from extproc.stages.select_backend import route_to
-from extproc.types import CONTINUE, HttpMessage, Mutate, Phase, Reject, RequestState, Verdict
+from extproc.stages.dispatch import backend_of
+from extproc.types import CONTINUE, HttpMessage, Mutate, Outcome, Phase, Reject, RequestState, Respond, Verdict
 
 USAGE_LIMIT = 8 * 1024 * 1024  # non-streamed JSON responses larger than this are not parsed for usage
 
 
-class OpenAIApi:
-    name = "openai-api"
-    streams = (Phase.RESPONSE_BODY,)
+class OpenAIParse:
+    name = "openai-parse"
 
     def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         headers = msg.headers or {}
         path = headers.get(":path", "").split("?", 1)[0]
+        state.attrs["path"] = path
         method = headers.get(":method", "GET")
         if method == "GET" and path.rstrip("/").endswith("/models"):
             return self._models(state)
-        if msg.end_of_stream:  # no body to read a model from: the route's default backend
-            return route_to(state, state.route.backend)
         return None
 
-    def _models(self, state: RequestState) -> Reject:
+    def _models(self, state: RequestState) -> Respond:
         created = int(time.time())
         data = [{"id": m, "object": "model", "created": created, "owned_by": "adapter-gateway",
                  "backend": (state.route.backend_for_model(m) or state.route.backend).name}
                 for m in state.route.models]
-        return Reject(200, orjson.dumps({"object": "list", "data": data}), "models")
+        return Respond(200, orjson.dumps({"object": "list", "data": data}), "models")
 
-    def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
-        route = state.route
+    def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         too_large = check_length(state, len(msg.body))
         if too_large is not None:
             return too_large
-        try:
-            body = orjson.loads(msg.body) if msg.body.strip() else {}
-        except orjson.JSONDecodeError as e:
-            return _openai_error(400, "malformed_json", f"request body is not valid JSON: {e}", state)
+        body = parse_json_body(msg.body, allow_empty=True)
+        if isinstance(body, Reject):
+            return body
+        if body is None:
+            body = {}
         if not isinstance(body, dict):
-            return _openai_error(400, "invalid_request", "request body must be a JSON object", state)
-        model = body.get("model")
-        backend = route.backend_for_model(model) if model is not None else route.backend
-        if backend is None:
-            served = ", ".join(route.models) or "none"
-            return _openai_error(404, "model_not_found", f"The model `{model}` does not exist on this gateway "
-                                 f"(served: {served}).", state, param="model")
-        state.attrs["model"] = model or (backend.models[0] if backend.models else route.model) or "unknown"
-        if body.get("stream") is True:
+            return reject(400, "invalid_request", "request body must be a JSON object")
+        req = state.request = parse_openai(state.attrs.get("path", ""), body, state.tenant)
+        if req.model is not None:
+            state.attrs["model"] = req.model
+        if req.stream:
             options = body.get("stream_options") or {}
             if not options.get("include_usage"):
                 body["stream_options"] = {**options, "include_usage": True}
                 state.attrs["strip_usage"] = True
                 data = orjson.dumps(body)
-                return route_to(state, backend, ("content-length", str(len(data))), body=data)
-        return route_to(state, backend)
+                return Mutate(set_headers=(("content-length", str(len(data))),), body=data)
+        return None
+
+
+class OpenAIUsage:
+    name = "openai-usage"
+    streams = (Phase.RESPONSE_BODY,)
 
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         # No response-headers phase (it would cost a round trip before the first token): the first
@@ -114,7 +116,7 @@ class OpenAIApi:
             error = {"error": {"message": f"backend {state.backend} ended the stream before it was complete",
                                "type": "server_error", "code": "backend_stream_truncated",
                                "route": state.route.name, "request_id": state.request_id}}
-            state.outcome = "truncated"
+            state.observed = Outcome.TRUNCATED
             prefix = b"" if not state.attrs["pending"] else b"\n\n"
             return Mutate(body=body + prefix + b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n")
         return Mutate(body=body) if body is not msg.body else CONTINUE
@@ -137,13 +139,4 @@ class OpenAIApi:
 
     @staticmethod
     def _count(state: RequestState, response) -> None:
-        usage = state.route.backend.adapter.usage(response)
-        state.attrs["usage"] = usage
-
-
-def _openai_error(status: int, code: str, message: str, state: RequestState, param: str | None = None) -> Reject:
-    """OpenAI's error shape (what the `openai` client parses), plus our route and request id."""
-    body = {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": param, "code": code, "status": status, "route": state.route.name,
-                      "request_id": state.request_id}}
-    return Reject(status, orjson.dumps(body), code)
+        state.usage = backend_of(state).adapter.usage(response)

@@ -6,7 +6,8 @@ MCP (`{"name", "arguments"}`, or a JSON-RPC `tools/call` request). The tool is l
 route's tools (built from its `openapi` document at config load), the arguments are validated
 against the tool's schema (400 naming each bad field by JSON pointer), and the service request is
 built: method, path parameters substituted and percent-encoded, query, headers, JSON body. The
-processor rewrites the request into it and routes it to the route's backend. The service's answer,
+processor rewrites the request into it; `dispatch`, next in the same reply, routes it to the
+route's backend. The service's answer,
 whatever its status, becomes the tool result in the caller's protocol (OpenAI `role: tool`
 message, Anthropic `tool_result` block, MCP `tools/call` result), returned with status 200: the
 tool call was executed; its outcome is in the result.
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 import orjson
 
-from extproc.pipeline import reject
+from extproc.errors import reject
+from extproc.request import InferenceRequest
 from extproc.semantic.toolcall import (ToolCallError, anthropic_tool_result, build_request, check_arguments,
                                        mcp_call_result, openai_tool_message, parse_tool_call, resolve_tool,
                                        tool_result)
 from extproc.stages.body_limit import check_length
-from extproc.stages.select_backend import route_to
-from extproc.types import HttpMessage, Mutate, Reject, RequestState, Verdict
+from extproc.types import HttpMessage, Mutate, RequestState, Verdict
 
 
 class ToolCall:
@@ -38,8 +39,7 @@ class ToolCall:
         try:
             doc = orjson.loads(msg.body)
         except orjson.JSONDecodeError as e:
-            return reject(400, "malformed_json", f"request body is not valid JSON: {e}", route=route.name,
-                          request_id=state.request_id)
+            return reject(400, "malformed_json", f"request body is not valid JSON: {e}")
         try:
             call = parse_tool_call(doc)
             tool = resolve_tool(route.tools, call.name)
@@ -47,9 +47,11 @@ class ToolCall:
             req = build_request(tool, args)
         except ToolCallError as e:
             err = e.to_error()
-            err.update(route=route.name, request_id=state.request_id)
-            return Reject(e.status, orjson.dumps({"error": err}), e.code)
+            fields = {k: v for k, v in err.items() if k not in ("status", "code", "message")}
+            return reject(e.status, e.code, err.get("message", str(e)), **fields)
         state.attrs["tool_call"] = call
+        state.request = InferenceRequest(api="tool", tenant=state.tenant,
+                                         body=doc if isinstance(doc, dict) else None)
         if isinstance(doc, dict) and doc.get("jsonrpc") is not None:
             state.attrs["jsonrpc_id"] = doc.get("id")  # answered with the id as sent (number or string)
         state.backend_request = orjson.dumps({"method": req.method, "target": req.target,
@@ -59,7 +61,7 @@ class ToolCall:
         headers = [(":method", req.method), (":path", req.target), *req.headers, ("content-length", str(len(body)))]
         if req.body is not None and not any(k == "content-type" for k, _ in req.headers):
             headers.append(("content-type", "application/json"))
-        return route_to(state, route.backend, *headers, body=body)
+        return Mutate(set_headers=tuple(headers), body=body)
 
     def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         if "tool_call" not in state.attrs:

@@ -6,7 +6,7 @@ import orjson
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from extproc import codec
-from extproc.types import CONTINUE, Mutate, Phase, Reject
+from extproc.types import CONTINUE, Mutate, Phase, Reject, Respond
 
 
 def test_decode_request_headers_reads_raw_value():
@@ -54,16 +54,40 @@ def test_body_replacement_and_skip_body():
 
 
 def test_reject_is_an_immediate_json_response_marked_for_envoy():
-    body = orjson.dumps({"error": {"status": 400}})
-    resp = codec.encode(Phase.REQUEST_BODY, Reject(400, body, "malformed_json"))
+    resp = codec.encode(Phase.REQUEST_BODY, Reject(400, "malformed_json", "bad JSON", {"limit": 3}), "adapter",
+                        "r1", "rid-1")
     ir = resp.immediate_response
-    assert ir.status.code == 400 and ir.body == body and ir.details == "malformed_json"
+    assert ir.status.code == 400 and ir.details == "malformed_json"
+    assert orjson.loads(ir.body) == {"error": {"status": 400, "code": "malformed_json", "message": "bad JSON",
+                                               "limit": 3, "route": "r1", "request_id": "rid-1"}}
     headers = {h.header.key: h.header.raw_value for h in ir.headers.set_headers}
     assert headers == {"content-type": b"application/json", "x-adapter-error": b"malformed_json"}
     assert resp.dynamic_metadata.fields["adapter"].struct_value.fields["processor_reply"].bool_value
 
 
+def test_a_reject_is_rendered_in_the_routes_dialect_with_retry_after():
+    err = Reject(429, "tenant_over_quota", "over quota", {"tenant": "acme"}, retry_after=2)
+    openai = codec.encode(Phase.REQUEST_HEADERS, err, "openai", "v1", "rid").immediate_response
+    body = orjson.loads(openai.body)["error"]
+    assert body["type"] == "rate_limit_exceeded" and body["code"] == "tenant_over_quota"
+    assert body["message"] == "over quota" and body["tenant"] == "acme" and body["param"] is None
+    headers = {h.header.key: h.header.raw_value for h in openai.headers.set_headers}
+    assert headers["retry-after"] == b"2"
+    kserve = codec.encode(Phase.REQUEST_HEADERS, err, "kserve", "v2", "rid").immediate_response
+    assert orjson.loads(kserve.body) == {"error": "over quota"}  # KServe v2's error object, nothing else
+
+
 def test_a_200_answer_has_no_error_header():
-    resp = codec.encode(Phase.REQUEST_HEADERS, Reject(200, b"{}", "health_ok"))
+    resp = codec.encode(Phase.REQUEST_HEADERS, Respond(200, b"{}", "health_ok"))
+    assert resp.immediate_response.body == b"{}"
     keys = [h.header.key for h in resp.immediate_response.headers.set_headers]
     assert "x-adapter-error" not in keys
+
+
+def test_mutate_and_lifecycle_metadata_share_the_replys_dynamic_metadata():
+    m = Mutate(set_headers=(("x-gateway-destination-endpoint", "10.0.0.1:80"),),
+               dynamic_metadata=(("envoy.lb", {"x-gateway-destination-endpoint": "10.0.0.1:80"}),))
+    resp = codec.encode(Phase.REQUEST_HEADERS, m, metadata={"adapter": {"worker": "1", "token": "1-7"}})
+    md = resp.dynamic_metadata.fields
+    assert md["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value == "10.0.0.1:80"
+    assert md["adapter"].struct_value.fields["token"].string_value == "1-7"

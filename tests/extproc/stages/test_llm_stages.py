@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import orjson
 import pytest
 
+from extproc import codec
 from extproc.config.loader import load_file, load_text
 from extproc.stages.decode_response import DecodeResponse
 from extproc.stages.encode_request import EncodeRequest
@@ -36,11 +38,9 @@ def body(phase, data: bytes) -> HttpMessage:
 
 
 def run_request(snap, payload: bytes, debug=False):
+    """The route's request-body phase as the stream runs it: parse-json, dispatch, encode-request, merged."""
     st = new_state(snap, debug=debug)
-    v = ParseJson().on_request_body(st, body(Phase.REQUEST_BODY, payload))
-    if v is not None:
-        return st, v
-    return st, EncodeRequest().on_request_body(st, body(Phase.REQUEST_BODY, payload))
+    return st, asyncio.run(st.route.pipeline.run(st, body(Phase.REQUEST_BODY, payload)))
 
 
 def test_brief_request_becomes_a_chat_completion_routed_to_the_backend(snap):
@@ -61,7 +61,9 @@ def test_brief_request_becomes_a_chat_completion_routed_to_the_backend(snap):
 def test_bad_json_is_a_400(snap, payload, code):
     _, v = run_request(snap, payload)
     assert isinstance(v, Reject) and v.status == 400 and v.reason == code
-    err = orjson.loads(v.body)["error"]
+    # rendered where the stream renders it: the route's dialect, naming the route and request id
+    ir = codec.encode(Phase.REQUEST_BODY, v, "adapter", "v1-analyze", "rid").immediate_response
+    err = orjson.loads(ir.body)["error"]
     assert err["code"] == code and err["route"] == "v1-analyze" and err["request_id"] == "rid"
 
 

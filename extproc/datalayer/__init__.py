@@ -1,0 +1,1 @@
+"""Endpoint data the scheduler reads: gateway-wide in-flight counters (more sources come with routing)."""

@@ -1,0 +1,134 @@
+"""Route kinds, declared once each: what a kind accepts, which stages it runs, how it speaks errors.
+
+What: `KindSpec` holds everything that differs between route kinds: the backend API its targets
+must speak, whether it takes several targets, a prefix match, templates (`request`, `transform`,
+`outputSchema`), an OpenAPI document or a mapping file, whether it needs a model, its error
+`dialect` (`extproc/errors.py`) and `stages(route)`, its pipeline. `kind_specs()` is the explicit
+registry; `extproc/config/compile.py` validates routes against their spec and builds pipelines
+from it; nothing else branches on a route's kind.
+Every inference route starts with `admit` (tenant identity and quota) and `body-limit`; `dispatch`
+(`extproc/stages/dispatch.py`) is where every kind sends its request to a backend. The phases a
+pipeline's hooks use are exactly what Envoy is configured to send for the route.
+
+| kind | stages (request headers / request body / response) | dialect |
+|---|---|---|
+| llm | admit, body-limit / parse-json, dispatch, encode-request / decode-response | adapter |
+| passthrough | admit, body-limit, dispatch / - / - | adapter |
+| openai | admit, body-limit, openai-parse, dispatch (bodiless) / openai-parse, dispatch / openai-usage (streamed) | openai |
+| kserve | admit, body-limit, kserve-parse, dispatch / - / - | kserve |
+| tensor | like llm, with model-metadata before encode-request | adapter |
+| tool | admit, body-limit / tool-call, dispatch / tool-call | tool |
+| rest | like llm, the body mapped by the route's mapping file both ways | adapter |
+| health | health / - / - | adapter |
+
+Why: one spec per kind instead of if-chains over five files (schema, compile, stages, cli); a
+cross-cutting stage (QoS, canary, tracing) is added in one place.
+Cost: nothing per request; `stages` runs once per route per config load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    name: str
+    stages: Callable[[Any], list[Any]]  # route -> stage objects, in order
+    api: str | None = None  # the backend API targets must speak (backends.base adapter `api`)
+    dialect: str = "adapter"
+    multi_target: bool = False  # several targets (dispatch by model)
+    prefix: bool = True  # `match: prefix` allowed
+    templates: bool = False  # request / transform / outputSchema allowed
+    needs_model: bool = False
+    openapi: bool = False  # reads an OpenAPI document (required)
+    mapping: bool = False  # may apply a field-mapping file
+    doc: str = ""
+
+
+def _front() -> list[Any]:
+    from extproc.stages.admit import Admit
+    from extproc.stages.body_limit import BodyLimit
+
+    return [Admit(), BodyLimit()]
+
+
+def _llm(route: Any) -> list[Any]:
+    from extproc.stages.decode_response import DecodeResponse
+    from extproc.stages.dispatch import DispatchAtBody
+    from extproc.stages.encode_request import EncodeRequest
+    from extproc.stages.parse_json import ParseJson
+
+    return [*_front(), ParseJson(), DispatchAtBody(), EncodeRequest(), DecodeResponse()]
+
+
+def _tensor(route: Any) -> list[Any]:
+    from extproc.stages.decode_response import DecodeResponse
+    from extproc.stages.dispatch import DispatchAtBody
+    from extproc.stages.encode_request import EncodeRequest
+    from extproc.stages.model_metadata import ModelMetadata
+    from extproc.stages.parse_json import ParseJson
+
+    return [*_front(), ParseJson(), DispatchAtBody(), ModelMetadata(), EncodeRequest(), DecodeResponse()]
+
+
+def _passthrough(route: Any) -> list[Any]:
+    from extproc.stages.dispatch import DispatchAtHeaders
+
+    return [*_front(), DispatchAtHeaders()]
+
+
+def _openai(route: Any) -> list[Any]:
+    from extproc.stages.dispatch import DispatchAtBody, DispatchAtHeaders
+    from extproc.stages.openai_api import OpenAIParse, OpenAIUsage
+
+    return [*_front(), OpenAIParse(), DispatchAtHeaders(only_without_body=True), DispatchAtBody(), OpenAIUsage()]
+
+
+def _kserve(route: Any) -> list[Any]:
+    from extproc.stages.dispatch import DispatchAtHeaders
+    from extproc.stages.kserve_dispatch import KServeParse
+
+    return [*_front(), KServeParse(), DispatchAtHeaders()]
+
+
+def _tool(route: Any) -> list[Any]:
+    from extproc.stages.dispatch import DispatchAtBody
+    from extproc.stages.tool_call import ToolCall
+
+    return [*_front(), ToolCall(), DispatchAtBody()]
+
+
+def _health(route: Any) -> list[Any]:
+    from extproc.stages.health import Health
+
+    return [Health()]
+
+
+def kind_specs() -> Mapping[str, KindSpec]:
+    specs = (
+        KindSpec("llm", _llm, api="openai", prefix=False, templates=True, needs_model=True,
+                 doc="adapts JSON in and out of a chat model"),
+        KindSpec("passthrough", _passthrough, doc="forwards requests as they are"),
+        KindSpec("openai", _openai, api="openai", dialect="openai", multi_target=True,
+                 doc="the OpenAI API: model-based dispatch, streaming, token usage"),
+        KindSpec("kserve", _kserve, api="kserve", dialect="kserve", multi_target=True,
+                 doc="KServe v2 paths to the backend serving the model"),
+        KindSpec("tensor", _tensor, api="kserve", prefix=False, templates=True, needs_model=True,
+                 doc="JSON mapped to a model's input tensors and back"),
+        KindSpec("tool", _tool, api="rest", dialect="tool", openapi=True, templates=True,
+                 doc="LLM tool calls executed on an OpenAPI-described REST service"),
+        KindSpec("rest", _rest_stages(), api="rest", templates=True, mapping=True,
+                 doc="a REST service, the body mapped by a field-mapping file both ways"),
+        KindSpec("health", _health, prefix=False, doc="the processor's health and protocol-negotiation probe"),
+    )
+    return MappingProxyType({s.name: s for s in specs})
+
+
+def _rest_stages() -> Callable[[Any], list[Any]]:
+    return _llm  # same stages; the rest adapter applies the route's mapping
+
+
+__all__ = ["KindSpec", "kind_specs"]

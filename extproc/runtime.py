@@ -1,0 +1,92 @@
+"""The per-worker runtime: state that outlives config snapshots.
+
+What: one `Runtime` per worker process holds what must survive a config swap: the request
+`Lifecycle` (requests in flight and their exactly-once end), the gateway-wide in-flight table
+(`extproc/datalayer/inflight.py`), the plugin instances of `spec.plugins` (built once; on a
+reload `install(snapshot)` calls `configure(old_params, new_params)` on each one still declared
+with the same type, builds new ones and drops removed ones), named caches for stages (model
+metadata, the tenant snapshot reader) and the worker's start time. Stages reach it as
+`state.runtime`; stage objects themselves are rebuilt with every snapshot and keep no state.
+
+| state | lives in | for how long | shared across workers |
+|---|---|---|---|
+| config snapshot (routes, pipelines, compiled templates) | `ConfigRef` (current + recent by digest) | until replaced (kept a few generations for Envoy's older routes) | same bundle, loaded by each |
+| per-request state | `RequestState` | one request | no |
+| open requests, deadlines | `Runtime.lifecycle` | until `on_done` | no (Envoy's access log comes back to the owning worker) |
+| in-flight per endpoint | `Runtime.inflight` (mmap file per worker) | worker lifetime | yes: readers sum every worker's slots |
+| plugin instances (pickers) | `Runtime._plugins` | worker lifetime, reconfigured on reload | no |
+| caches (model metadata, tenant snapshot reader) | `Runtime.cache(name)` | worker lifetime | no |
+
+Why: a prefix index, EWMA latencies, SLO windows or concurrency limits rebuilt on every config
+push would be wiped by it, and requests in flight across a reload would release their counters
+into orphaned objects (mitmproxy's addons keep their state across `configure`).
+Cost: nothing per request beyond what the lifecycle and in-flight table say; `install` runs per reload.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Iterable
+
+from extproc.datalayer.inflight import InflightTable
+from extproc.lifecycle import Lifecycle
+from extproc.stages.dispatch import release
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, worker: int = 0, state_dir: str | None = None, feedback: bool = False,
+                 observers: Iterable[Callable] = ()):
+        self.worker = worker
+        self.started = time.time()
+        self.inflight = InflightTable(state_dir, worker)
+        self.lifecycle = Lifecycle(worker, feedback=feedback, observers=[release, *observers])
+        self._plugins: dict[tuple[str, str], Any] = {}
+        self._params: dict[tuple[str, str], Any] = {}
+        self._caches: dict[str, Any] = {}
+        self.installed: Any = None  # the snapshot installed last
+
+    def cache(self, name: str) -> dict:
+        """A dict that lives as long as the worker (stages keep what a reload must not lose here)."""
+        c = self._caches.get(name)
+        if c is None:
+            c = self._caches[name] = {}
+        return c
+
+    def install(self, snapshot: Any) -> None:
+        """Reconcile plugin instances with `snapshot.plugins` (configure kept ones, drop removed ones)."""
+        wanted = {(ref.name, ref.type): ref for ref in snapshot.plugins.values()}
+        for key in list(self._plugins):
+            if key not in wanted:
+                inst = self._plugins.pop(key)
+                self._params.pop(key, None)
+                close = getattr(inst, "close", None)
+                if close is not None:
+                    close()
+        for key, ref in wanted.items():
+            if key in self._plugins:
+                old = self._params[key]
+                if old != ref.params:
+                    self._plugins[key].configure(old, ref.params)
+                    self._params[key] = ref.params
+            else:
+                self._build(ref)
+        self.installed = snapshot
+
+    def _build(self, ref: Any) -> Any:
+        from extproc.scheduling import plugin_types
+
+        cls = plugin_types()[ref.type]
+        inst = self._plugins[(ref.name, ref.type)] = cls(ref.name, ref.params, self)
+        self._params[(ref.name, ref.type)] = ref.params
+        return inst
+
+    def plugin(self, ref: Any) -> Any:
+        """The long-lived instance of a declared plugin (built on first use for older snapshots)."""
+        inst = self._plugins.get((ref.name, ref.type))
+        return inst if inst is not None else self._build(ref)
+
+
+__all__ = ["Runtime"]

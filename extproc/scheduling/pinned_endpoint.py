@@ -1,0 +1,49 @@
+"""Picker `pinned-endpoint`: send every request of the route to one named endpoint (drain, debug, canary host).
+
+What: names `endpoint` first and, unless `fallback: false`, the backend's other endpoints after it,
+so Envoy still serves the request if the pinned endpoint is removed or unhealthy. An endpoint that
+is not one of the backend's is refused at config load (the check needs the backend, so it runs
+when the route is compiled).
+Parameters: `endpoint` ("ip:port", required), `fallback` (bool, default true).
+Data consumed: none. Cost: one tuple build.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import field_validator
+
+from extproc.scheduling import Parameters
+
+
+class PinnedEndpointParameters(Parameters):
+    endpoint: str
+    fallback: bool = True
+
+    @field_validator("endpoint")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        from extproc.config.schema import split_host_port
+
+        split_host_port(v)
+        return v
+
+
+class PinnedEndpoint:
+    type: ClassVar[str] = "pinned-endpoint"
+    slot: ClassVar[str] = "picker"
+    Parameters: ClassVar[type] = PinnedEndpointParameters
+
+    def __init__(self, name: str, params: PinnedEndpointParameters, runtime: Any):
+        self.name = name
+        self.params = params
+
+    def configure(self, old: PinnedEndpointParameters, new: PinnedEndpointParameters) -> None:
+        self.params = new
+
+    def pick(self, state: Any, backend: Any, endpoints: tuple[str, ...]) -> tuple[str, ...]:
+        pinned = self.params.endpoint
+        if not self.params.fallback:
+            return (pinned,)
+        return (pinned, *(e for e in endpoints if e != pinned))

@@ -1,0 +1,87 @@
+"""Stage `dispatch`: the one place a request is sent to a backend: variant, then endpoint, then Envoy.
+
+What: from the parsed request (`state.request`, or the route's default when there is none) the
+route's targets that serve its model are the candidates (404 `model_not_found`, in the route's
+dialect, when none does); the variant slot chooses among them (the route's first candidate until
+canary rollouts fill it); the route's picker plugin, if any, names an endpoint of that backend and
+its fallbacks (`extproc/scheduling/`). The reply sets `x-adapter-backend` and
+`x-adapter-route-target` (Envoy matches the (route, backend) entry that carries the route's
+policy) with `clear_route_cache`, and, when an endpoint was picked, the endpoint-picker protocol's
+`x-gateway-destination-endpoint: ip:port[,ip:port...]` header plus the same list in dynamic
+metadata `envoy.lb` (Envoy's override-host load balancer honours it; without a pick Envoy
+balances). The pick is counted in flight until the request's `on_done`.
+`DispatchAtHeaders` runs at request headers (routes that never read the body, and bodiless
+requests of routes that do: `only_without_body`); `DispatchAtBody` after the body was parsed.
+Why: one dispatch point instead of a `route_to` call in every stage: canaries and schedulers
+change one function, and every route kind gets them.
+Cost: one backend scan (a route has a handful of targets) plus the picker's own cost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extproc.config.snapshot import BACKEND_HEADER, DESTINATION_HEADER, LB_METADATA_NAMESPACE, ROUTE_TARGET_HEADER
+from extproc.errors import reject
+from extproc.types import HttpMessage, Mutate, Outcome, RequestState, Verdict
+
+
+def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None = None) -> Verdict:
+    """Choose backend and endpoint for this request; the routing reply, with `headers` and `body` added."""
+    route = state.route
+    model = state.request.model if state.request is not None else None
+    candidates = route.backends_for_model(model)
+    if not candidates:
+        served = ", ".join(route.models) or "none"
+        if state.request is not None and state.request.api == "kserve.v2":
+            message = f"Request for unknown model: '{model}' is not found (served through this gateway: {served})"
+        else:
+            message = f"The model `{model}` does not exist on this gateway (served: {served})."
+        return reject(404, "model_not_found", message, param="model")
+    backend = candidates[0]  # the variant slot: canary rollouts choose among candidates here
+    state.backend = backend.name
+    state.target = backend
+    set_headers = (*headers, (BACKEND_HEADER, backend.name), (ROUTE_TARGET_HEADER, route.name))
+    metadata: tuple = ()
+    if route.picker is not None and backend.pickable and state.runtime is not None:
+        picks = state.runtime.plugin(route.picker).pick(state, backend, backend.endpoint_ids)
+        if picks:
+            value = ",".join(picks)
+            state.endpoint = picks[0]
+            state.runtime.inflight.started(picks[0])
+            set_headers += ((DESTINATION_HEADER, value),)
+            metadata = ((LB_METADATA_NAMESPACE, {DESTINATION_HEADER: value}),)
+    return Mutate(set_headers=set_headers, body=body, clear_route_cache=True, dynamic_metadata=metadata)
+
+
+def release(state: RequestState, outcome: Outcome) -> None:
+    """The lifecycle observer that ends a pick's in-flight count (the runtime registers it)."""
+    if state.endpoint is not None and state.runtime is not None:
+        state.runtime.inflight.finished(state.endpoint)
+
+
+class DispatchAtHeaders:
+    name = "dispatch"
+
+    def __init__(self, only_without_body: bool = False):
+        self.only_without_body = only_without_body
+
+    def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
+        if self.only_without_body and not msg.end_of_stream:
+            return None  # the body comes next: dispatch reads the model from it
+        return dispatch(state)
+
+
+class DispatchAtBody:
+    name = "dispatch"
+
+    def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
+        return dispatch(state)
+
+
+def backend_of(state: RequestState) -> Any:
+    """The backend dispatch chose (stages after dispatch adapt the request to it)."""
+    return state.target if state.target is not None else state.route.backend
+
+
+__all__ = ["dispatch", "DispatchAtHeaders", "DispatchAtBody", "release", "backend_of"]
