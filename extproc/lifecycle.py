@@ -64,12 +64,13 @@ def derive_outcome(state: RequestState, completion: Completion | None) -> Outcom
             return Outcome.TIMEOUT
     if state.observed is not None:
         return state.observed
+    if completion is None and state.stream_end == "cancelled" and state.reply_status is None \
+            and not _saw_everything(state):
+        return Outcome.CANCELLED  # reset before the processor saw the end it asked for: the client left
     status = completion.status if completion is not None else None
     if not status:
         status = state.reply_status or state.response_status
     if not status:
-        if state.stream_end == "cancelled" and not _saw_everything(state):
-            return Outcome.CANCELLED
         if state.stream_end == "error":
             return Outcome.BACKEND_ERROR
         return Outcome.CANCELLED if completion is not None else Outcome.OK
