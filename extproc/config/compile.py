@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from backends import adapter_kinds
 from extproc.config.loader import ConfigError, Issue
@@ -37,10 +37,13 @@ def route_name_from_path(path: str) -> str:
     return name[:63].strip("-") or "root"
 
 
-def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, digest: str = "") -> Snapshot:
+def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, digest: str = "",
+                     resolve: Callable[[str], Path] | None = None) -> Snapshot:
+    """`resolve(name)` says where a file the config names (`openapi`, `mapping`) is read from;
+    default: relative to the config file (a config bundle passes its own copies)."""
     from extproc.stages import build_pipeline
 
-    issues = _Issues(smap)
+    issues = _Issues(smap, resolve)
     issue = issues.add
     spec = gw.spec
     kinds = adapter_kinds()
@@ -230,6 +233,8 @@ def _compile(text: str | None, path: tuple, issues: "_Issues"):
 
 
 def _relative(issues: "_Issues", name: str) -> Path:
+    if issues.resolve is not None:
+        return issues.resolve(name)
     p = Path(name)
     return p if p.is_absolute() else Path(issues.smap.filename).resolve().parent / p
 
@@ -266,8 +271,9 @@ def _load_mapping(name: str, path: tuple, issues: "_Issues"):
 class _Issues:
     """Collects every problem so one load reports them all."""
 
-    def __init__(self, smap: SourceMap):
+    def __init__(self, smap: SourceMap, resolve: Callable[[str], Path] | None = None):
         self.smap = smap
+        self.resolve = resolve
         self.found: list[Issue] = []
 
     def add(self, path: tuple, reason: str) -> None:

@@ -1,7 +1,9 @@
 """Load an AdapterGateway file: YAML -> strict schema -> cross-references -> compiled snapshot.
 
 What: `load_file(path)` / `load_text(text, filename)` return an immutable `Snapshot` or raise
-`ConfigError` listing every problem found as `file:line: field.path: reason`.
+`ConfigError` listing every problem found as `file:line: field.path: reason`. `config_digest` is
+the one digest of a config (text, referenced files, endpoint overrides) that the supervisor and
+the workers agree on (see extproc/config/bundle.py).
 Why: a config is refused whole or accepted whole (the running gateway keeps its last good
 snapshot on a bad reload); each step is a separate function so each can be tested alone, as in the
 endpoint picker's decode -> default -> instantiate -> cross-validate pipeline.
@@ -11,9 +13,10 @@ Cost: milliseconds per load (template compilation included); never on the reques
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path as FsPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from pydantic import BaseModel, ValidationError
 
@@ -47,34 +50,94 @@ class ConfigError(ValueError):
 def load_file(path: str | FsPath, generation: int = 1, endpoints: dict | None = None) -> "Snapshot":
     """Load and compile a config file. `endpoints` ({backend: ((host, port), ...)}) replaces the
     named backends' endpoints after validation (the demo stack points backends at simulators)."""
+    return load_text(read_config(path), str(path), generation, endpoints=endpoints)
+
+
+def read_config(path: str | FsPath) -> str:
+    """The text of a config file; `ConfigError` when it cannot be read or is not UTF-8."""
     p = FsPath(path)
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise ConfigError(f"{p}: cannot read config: {e.strerror}") from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: config is not UTF-8 (byte {e.start})") from None
-    snap = load_text(text, str(p), generation)
+
+
+def load_text(text: str, filename: str = "<config>", generation: int = 1, *,
+              resolve: Callable[[str], FsPath] | None = None, endpoints: dict | None = None) -> "Snapshot":
+    """Compile config text. `resolve(name)` says where a file the config names (a tool route's
+    `openapi`, a rest route's `mapping`) is read from: by default relative to `filename`; a config
+    bundle passes its own copies. The digest covers the text, those files and `endpoints`."""
+    from extproc.config.compile import compile_snapshot
+
+    model, smap = parse_text(text, filename)
+    resolve = resolve or relative_to(filename)
+    files: dict[str, bytes | None] = {}
+    for name in referenced_files(model):
+        try:
+            files[name] = resolve(name).read_bytes()
+        except OSError:
+            files[name] = None  # compile reports it, with file:line
+    digest = config_digest(text, files, endpoints)
+    snap = compile_snapshot(model, smap, generation=generation, digest=digest, resolve=resolve)
     if endpoints:
         unknown = sorted(set(endpoints) - set(snap.backends))
         if unknown:
-            raise ConfigError(f"{p}: endpoint override for unknown backend(s): {', '.join(unknown)}")
+            raise ConfigError(f"{filename}: endpoint override for unknown backend(s): {', '.join(unknown)}")
         snap = snap.with_endpoints(endpoints)
     return snap
 
 
-def load_text(text: str, filename: str = "<config>", generation: int = 1) -> "Snapshot":
-    from extproc.config.compile import compile_snapshot
-
+def parse_text(text: str, filename: str = "<config>") -> tuple[AdapterGateway, SourceMap]:
+    """YAML with line numbers, then strict schema validation (no cross-references yet)."""
     try:
         data, smap = load_yaml(text, filename)
     except YamlError as e:
         raise ConfigError(str(e)) from None
-    model = validate_schema(data, smap)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return compile_snapshot(model, smap, generation=generation, digest=digest)
+    return validate_schema(data, smap), smap
+
+
+def referenced_files(model: AdapterGateway) -> list[str]:
+    """The files a config names, as written, in config order: tool routes' `openapi`, rest
+    routes' `mapping` (relative paths are relative to the config file)."""
+    names: dict[str, None] = {}
+    for r in model.spec.routes:
+        for name in (r.openapi, r.mapping):
+            if name:
+                names.setdefault(name, None)
+    return list(names)
+
+
+def relative_to(filename: str) -> Callable[[str], FsPath]:
+    """The default resolver: absolute names as they are, relative ones beside the config file."""
+    base = FsPath(filename).resolve().parent
+
+    def resolve(name: str) -> FsPath:
+        p = FsPath(name)
+        return p if p.is_absolute() else base / p
+
+    return resolve
+
+
+def config_digest(text: str, files: Mapping[str, bytes | None] | None = None,
+                  endpoints: Mapping[str, Any] | None = None) -> str:
+    """sha256 (16 hex) of what a snapshot is compiled from: the config text, the bytes of each
+    file it references (None: missing) and the endpoint overrides. The supervisor and every
+    worker compute it with this one function, so equal digests mean equal configs. Without files
+    or overrides it is the digest of the text alone."""
+    h = hashlib.sha256(text.encode())
+    if files or endpoints:
+        extra = {
+            "files": {n: (hashlib.sha256(b).hexdigest() if b is not None else None)
+                      for n, b in sorted((files or {}).items())},
+            "endpoints": {n: [[host, int(port)] for host, port in eps]
+                          for n, eps in sorted((endpoints or {}).items())},
+        }
+        h.update(b"\0" + json.dumps(extra, sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()[:16]
 
 
 def validate_schema(data: Any, smap: SourceMap) -> AdapterGateway:
