@@ -5,6 +5,7 @@ Examples:
   adapterctl render-envoy examples/finance-llm-adapter.yaml -o envoy/finance-llm-adapter.yaml --check
   adapterctl up examples/finance-llm-adapter.yaml --simulate        # what `make run` does
   adapterctl serve examples/finance-llm-adapter.yaml --workers 2    # processor only
+  adapterctl reload --config examples/finance-llm-adapter.yaml      # reload the running processor
   adapterctl test --route=/v1/analyze --input='{"query":"计算Q3营收"}'
   adapterctl tools tests/data/openapi/petstore.yaml --format mcp
   adapterctl align LEGACY.yaml ADAPTER_SCHEMA.json -o mapping.yaml --report report.md
@@ -114,6 +115,34 @@ class _Signals:
             pass
 
 
+def _on_sighup(reload) -> None:
+    """SIGHUP runs `reload()` (the supervisor's, or the stack's) on a thread, not in the signal
+    handler: it waits for the workers' acknowledgements. One result line goes to stderr; a refusal
+    is already logged by the supervisor with its reasons."""
+    from extproc.supervisor import describe
+
+    def run() -> None:
+        try:
+            result = reload()
+        except Exception as e:  # noqa: BLE001 - a reload must never take the processor down
+            print(f"config reload failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            return
+        if result is not None and getattr(result, "accepted", False):
+            print(describe(result), file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGHUP, lambda *_: threading.Thread(target=run, name="reload", daemon=True).start())
+
+
+def _xds_writer(xds_dir: str | None):
+    if not xds_dir:
+        return None
+    try:
+        from extproc.xds import XdsWriter
+    except ImportError as e:
+        raise RuntimeError(f"--xds-dir needs extproc.xds, which is not available here ({e})") from None
+    return XdsWriter(xds_dir)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from extproc.supervisor import Supervisor
 
@@ -124,9 +153,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sup = Supervisor(args.file, proc.bind_address or proc.address, args.base_port or proc.base_port, workers,
                      args.admin_port or proc.admin_port, proc.shutdown_grace, log_level=args.log_level,
                      admin_address=proc.bind_address or "127.0.0.1",
-                     endpoints=dict(args.endpoint or ()), record_dir=args.record_dir)
+                     endpoints=dict(args.endpoint or ()), record_dir=args.record_dir,
+                     xds=_xds_writer(args.xds_dir))
     sup.start()
-    signal.signal(signal.SIGHUP, lambda *_: sup.reload())
+    _on_sighup(sup.reload)
     print(f"processor: {workers} worker(s) on {proc.address}:{sup.workers[0].port}..{sup.workers[-1].port}, "
           f"metrics on http://127.0.0.1:{sup.admin[1]}/metrics", flush=True)
     signals.wait()
@@ -157,7 +187,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     print(f"  envoy config {stack.envoy_config}")
     print("Try:  curl -s localhost:%d/v1/analyze -d '{\"query\":\"计算Q3营收\"}'" % snap.listener.port)
     print("Ctrl-C stops everything; SIGHUP reloads the config into the processor.", flush=True)
-    signal.signal(signal.SIGHUP, lambda *_: stack.supervisor.reload())
+    _on_sighup(getattr(stack, "reload", None) or stack.supervisor.reload)
     signals.wait()
     stack.stop()
     print("stopped.", file=sys.stderr)
@@ -221,8 +251,58 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from extproc.server import WorkerSettings, run_worker
 
-    return run_worker(WorkerSettings(args.config, args.address, args.port, args.index, args.shutdown_grace,
-                                     endpoints=tuple(args.endpoint or ()), record_dir=args.record_dir))
+    if args.bundle_root and args.endpoint:
+        print("adapterctl worker: --endpoint applies to --config; a bundle holds its overrides", file=sys.stderr)
+        return 2
+    return run_worker(WorkerSettings(args.config or "", args.address, args.port, args.index, args.shutdown_grace,
+                                     endpoints=tuple(args.endpoint or ()), record_dir=args.record_dir,
+                                     bundle_root=args.bundle_root))
+
+
+def _default_admin(config: str | None) -> str:
+    """The processor admin URL: `spec.processor.adminPort` of `config` when it can be read at all
+    (the file may be the broken edit being reloaded, so only that field is looked at), else 9902."""
+    port = 9902
+    if config:
+        import yaml
+
+        try:
+            doc = yaml.safe_load(Path(config).read_text())
+            port = int(doc["spec"]["processor"]["adminPort"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+            pass
+    return f"http://127.0.0.1:{port}"
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    import httpx
+
+    url = (args.admin or _default_admin(args.config)).rstrip("/") + "/reload"
+    try:
+        resp = httpx.post(url, timeout=args.timeout)
+        doc = resp.json()
+    except (httpx.HTTPError, ValueError) as e:
+        print(f"adapterctl reload: {url}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if not doc.get("accepted"):
+        print(f"config reload refused, keeping generation {doc.get('generation')} (digest {doc.get('digest')}):")
+        for line in doc.get("issues") or [doc.get("errors", "")]:
+            print(f"  {line}")
+        return 1
+    generation = doc["generation"]
+    print(f"config reload accepted: generation {generation} (digest {doc['digest']})")
+    workers, digests = doc.get("workers", {}), doc.get("worker_digests", {})
+    lagging = False
+    for i in range(int(doc.get("workers_total", len(workers)))):
+        g = workers.get(str(i))
+        if g is None:
+            print(f"worker {i}: not running")
+        else:
+            print(f"worker {i}: generation {g} (digest {digests.get(str(i), '?')})")
+        lagging |= g != generation
+    for line in doc.get("issues") or ():
+        print(f"  {line}")
+    return 1 if lagging or doc.get("errors") else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -250,7 +330,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--endpoint", type=_endpoint_arg, action="append", metavar="NAME=HOST:PORT",
                    help="point a backend at other endpoints (repeatable)")
     s.add_argument("--record-dir", help="write every ProcessingRequest received here (text format) for replay")
+    s.add_argument("--xds-dir", metavar="DIR",
+                   help="write Envoy's listener, routes, clusters and endpoints here (file-based xDS) at start "
+                   "and after every accepted reload" + ("" if _xds_available() else
+                                                        " [not available: extproc.xds is not installed]"))
     s.set_defaults(fn=cmd_serve)
+
+    s = sub.add_parser("reload", help="reload the running processor's config; prints each worker's generation",
+                       description="POST /reload to the processor supervisor: the config file is validated "
+                       "once and, when accepted, every worker moves to the new generation. Exit 0 when "
+                       "accepted and every worker acknowledged, 1 when refused (reasons printed) or a worker "
+                       "lagged.")
+    s.add_argument("--admin", metavar="URL", help="the processor admin URL (default: http://127.0.0.1:PORT "
+                   "with PORT the --config file's spec.processor.adminPort, else 9902)")
+    s.add_argument("--config", metavar="FILE", help="the AdapterGateway file, for the default admin port")
+    s.add_argument("--timeout", type=float, default=30.0)
+    s.set_defaults(fn=cmd_reload)
 
     s = sub.add_parser("up", help="run Envoy, the processor and (with --simulate) backend simulators")
     s.add_argument("file")
@@ -283,7 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.set_defaults(fn=fn)
 
     s = sub.add_parser("worker", help=argparse.SUPPRESS)
-    s.add_argument("--config", required=True)
+    source = s.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="a config file (a worker run by hand; SIGHUP re-reads it)")
+    source.add_argument("--bundle-root", help="the supervisor's bundle root: serve `current` (SIGHUP loads it again)")
     s.add_argument("--address", default="127.0.0.1")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--index", type=int, default=0)
@@ -292,6 +389,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--record-dir")
     s.set_defaults(fn=cmd_worker)
     return p
+
+
+def _xds_available() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("extproc.xds") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 _DELEGATED = {"quota": "ebpf.quota", "rtt": "ebpf.rtt", "agent": "ebpf.agent"}

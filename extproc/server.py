@@ -2,10 +2,15 @@
 
 What: `run_worker(settings)` loads the config, binds the port (failing loudly if it cannot),
 serves `ExternalProcessor` and `grpc.health.v1.Health`, then prints `ready` on stdout for the
-supervisor. SIGHUP reloads the config: a valid file replaces the snapshot atomically, an invalid
-one is logged and the last good snapshot stays. SIGTERM/SIGINT: health goes NOT_SERVING (Envoy's
-health checks stop sending new streams), a short drain, then `server.stop(grace)` lets open streams
-finish for the rest of the grace period and cancels the remainder. A second signal exits at once.
+supervisor. Under the supervisor the config is a bundle (`--bundle-root`, extproc/config/bundle.py):
+at start and on SIGHUP the worker loads the bundle `<root>/current` names and swaps it in; it never
+reads the original file. Each event is one line on stdout, which the supervisor parses:
+`ready ADDR:PORT generation=G digest=D`, `loaded generation=G digest=D` (also when SIGHUP finds
+the bundle already loaded), `refused generation=G: REASON` (the last good snapshot stays). Run by
+hand with `--config FILE`, SIGHUP re-reads the file instead (generation + 1).
+SIGTERM/SIGINT: health goes NOT_SERVING (Envoy's health checks stop sending new streams), a short
+drain, then `server.stop(grace)` lets open streams finish for the rest of the grace period and
+cancels the remainder. A second signal exits at once.
 Why: uvicorn's lifecycle; one process per Envoy endpoint because one Python process is one core.
 Cost: start-up ~0.3 s (imports); nothing per request.
 """
@@ -18,12 +23,14 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 from prometheus_client import CollectorRegistry
 
+from extproc.config.bundle import bundle_generation, current_bundle, load_bundle, read_manifest
 from extproc.config.loader import ConfigError, load_file
 from extproc.metrics import ProcessorMetrics
 from extproc.stream import ConfigRef, ExtProcService
@@ -42,6 +49,7 @@ class WorkerSettings:
     drain_delay: float = 1.0  # NOT_SERVING before stop(): about one Envoy health-check interval
     endpoints: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # backend endpoint overrides
     record_dir: str | None = None  # append every ProcessingRequest here (text format), for replay tests
+    bundle_root: str | None = None  # serve `<root>/current` (the supervisor's bundles) instead of config_path
 
 
 def grpc_options(max_message: int) -> list[tuple[str, int]]:
@@ -55,9 +63,12 @@ def grpc_options(max_message: int) -> list[tuple[str, int]]:
     ]
 
 
-async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Event | None = None,
+                announce: Callable[[str], None] | None = None) -> None:
+    """`announce(line)` gets the protocol lines (ready, loaded, refused); run_worker prints them."""
+    announce = announce or (lambda line: None)
     overrides = dict(settings.endpoints) or None
-    snapshot = load_file(settings.config_path, endpoints=overrides)
+    snapshot = _initial_snapshot(settings, overrides, announce)
     config = ConfigRef(snapshot)
     metrics = ProcessorMetrics(CollectorRegistry(auto_describe=True))
     metrics.config_generation.set(snapshot.generation)
@@ -81,25 +92,13 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("worker %d serving on %s:%d (config %s generation %d)", settings.index, settings.address,
              settings.port, snapshot.name, snapshot.generation)
+    loop = asyncio.get_running_loop()
+    # installed before `ready`: the supervisor signals only workers that said ready
+    loop.add_signal_handler(signal.SIGHUP, _reloader(settings, overrides, config, metrics, announce))
+    announce(f"ready {settings.address}:{settings.port} generation={snapshot.generation} digest={snapshot.digest}")
     if ready is not None:
         ready.set()
 
-    loop = asyncio.get_running_loop()
-    generation = snapshot.generation
-
-    def reload() -> None:
-        nonlocal generation
-        try:
-            new = load_file(settings.config_path, generation=generation + 1, endpoints=overrides)
-        except ConfigError as e:
-            log.error("config reload refused, keeping generation %d:\n%s", generation, e)
-            return
-        generation = new.generation
-        config.swap(new)
-        metrics.config_generation.set(generation)
-        log.info("config reloaded: generation %d (digest %s)", generation, new.digest)
-
-    loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         await stop.wait()
     finally:
@@ -110,6 +109,68 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         await asyncio.sleep(drain)
         await server.stop(max(settings.shutdown_grace - drain, 0.0))
         log.info("worker %d stopped", settings.index)
+
+
+def _initial_snapshot(settings: WorkerSettings, overrides: dict | None, announce: Callable[[str], None]):
+    if not settings.bundle_root:
+        return load_file(settings.config_path, endpoints=overrides)
+    path = None
+    try:
+        path = current_bundle(settings.bundle_root)
+        return load_bundle(path)
+    except ConfigError as e:
+        announce(f"refused generation={_generation_of(path)}: {_one_line(e)}")
+        raise
+
+
+def _reloader(settings: WorkerSettings, overrides: dict | None, config: ConfigRef, metrics: ProcessorMetrics,
+              announce: Callable[[str], None]) -> Callable[[], None]:
+    """The SIGHUP handler: load the current bundle (or, run by hand, re-read the file) and swap it in;
+    on any failure keep the snapshot in use and say `refused`."""
+
+    def reload() -> None:
+        current = config.current
+        path = None
+        try:
+            if settings.bundle_root:
+                path = current_bundle(settings.bundle_root)  # resolved once for this load
+                manifest = read_manifest(path)
+                if (manifest["generation"], manifest["digest"]) == (current.generation, current.digest):
+                    announce(f"loaded generation={current.generation} digest={current.digest}")  # idempotent
+                    return
+                new = load_bundle(path)
+            else:
+                new = load_file(settings.config_path, generation=current.generation + 1, endpoints=overrides)
+            config.swap(new)  # its listeners (the runtime's plugins) may refuse it too
+        except Exception as e:  # noqa: BLE001 - whatever it is, the worker keeps serving the last good one
+            generation = _generation_of(path) if settings.bundle_root else current.generation + 1
+            what = f"config bundle {path} not loaded" if settings.bundle_root else "config reload refused"
+            log.error("%s, keeping generation %d (digest %s):\n%s", what, current.generation, current.digest, e)
+            announce(f"refused generation={generation}: {_one_line(e)}")
+            return
+        metrics.config_generation.set(new.generation)
+        log.info("config loaded: generation %d (digest %s)", new.generation, new.digest)
+        announce(f"loaded generation={new.generation} digest={new.digest}")
+
+    return reload
+
+
+def _generation_of(path) -> str:
+    if path is None:
+        return "?"
+    try:
+        return str(read_manifest(path)["generation"])
+    except ConfigError:
+        g = bundle_generation(path)
+        return "?" if g is None else str(g)
+
+
+def _one_line(e: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+
+
+def _announce(line: str) -> None:
+    print(line, flush=True)
 
 
 def _recorder(record_dir: str | None, index: int):
@@ -133,6 +194,7 @@ def _recorder(record_dir: str | None, index: int):
 
 def run_worker(settings: WorkerSettings) -> int:
     """Process entry point: serve until a signal; returns the exit code."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until serve() handles it: never die of an early SIGHUP
     try:
         import uvloop
 
@@ -156,14 +218,13 @@ def run_worker(settings: WorkerSettings) -> int:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
-        task = asyncio.create_task(serve(settings, stop, ready))
+        task = asyncio.create_task(serve(settings, stop, ready, _announce))
         ready_wait = asyncio.create_task(ready.wait())
         done, _ = await asyncio.wait({task, ready_wait}, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             ready_wait.cancel()
             task.result()  # raises the start-up error
             return 0
-        print(f"ready {settings.address}:{settings.port}", flush=True)
         await task
         return 0
 

@@ -1,22 +1,32 @@
-"""The processor supervisor: N worker processes, their shared metrics, ordered start and stop.
+"""The processor supervisor: N worker processes on one config generation, shared metrics, ordered start and stop.
 
-What: starts `python -m extproc worker` once per port (base_port, base_port+1, ...), each its own
-endpoint in Envoy's processor cluster, waits until each prints `ready`, restarts a worker that dies,
-forwards SIGHUP (config reload), and serves the admin port: `/metrics` (Prometheus, merged over the
-workers through prometheus_client's multiprocess directory) and `/healthz` (200 when every worker
-is alive). `stop()` sends SIGTERM to all, waits the grace period plus a margin, then kills.
+What: loads and validates the config file once and publishes it as an immutable bundle
+(extproc/config/bundle.py) under a bundle root; starts `python -m extproc worker --bundle-root ROOT`
+once per port (base_port, base_port+1, ...), each its own endpoint in Envoy's processor cluster,
+and waits until each prints `ready`. `reload()` validates the file again: a refused file is logged
+once and changes nothing; an accepted one becomes the next generation's bundle, every live worker
+gets SIGHUP and loads it, and the supervisor waits (bounded) until each acknowledges on stdout
+(`loaded generation=G digest=D`), then hands the snapshot to the xDS writer when there is one
+(workers first, Envoy second). A worker that dies is restarted on the last accepted bundle, never
+on the raw file. The admin port serves `/metrics` (Prometheus, merged over the workers through
+prometheus_client's multiprocess directory, plus the per-worker config generation),
+`/healthz` (200 when every worker is alive), `GET /config` and `POST /reload`.
+`stop()` sends SIGTERM to all, waits the grace period plus a margin, then kills.
 Why: a Python process is one core; separate processes (not fork after gRPC init, which grpcio
-forbids) listed as separate Envoy endpoints spread the load, since Envoy keeps one HTTP/2
-connection per worker per endpoint. Workers die with the supervisor (PR_SET_PDEATHSIG), so no
-process is left behind even on SIGKILL.
-Cost: a thread per worker monitor and one for the admin server; nothing on the request path.
+forbids) listed as separate Envoy endpoints spread the load. One writer of config generations
+means every worker serves the same one, and a laggard is visible. Workers die with the supervisor
+(PR_SET_PDEATHSIG), so no process is left behind even on SIGKILL.
+Cost: a thread per worker monitor, one per worker stdout and one for the admin server; nothing on
+the request path.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,10 +34,22 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+from extproc.config.bundle import Bundle, publish
+from extproc.config.loader import ConfigError
+
+if TYPE_CHECKING:
+    from extproc.config.snapshot import Snapshot
 
 log = logging.getLogger("extproc.supervisor")
+
+ACK_TIMEOUT = 10.0  # how long reload() waits for every worker's acknowledgement
+_READY = re.compile(r"^ready (\S+) generation=(\d+) digest=([0-9a-f]+)$")
+_LOADED = re.compile(r"^loaded generation=(\d+) digest=([0-9a-f]+)$")
+_REFUSED = re.compile(r"^refused generation=(\S+): (.*)$")
 
 
 def die_with_parent() -> None:
@@ -45,35 +67,96 @@ class _Worker:
     port: int
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    # what the worker said on stdout (reset when it is respawned)
+    ready: bool = False
+    generation: int | None = None
+    digest: str | None = None
+    changed: float | None = None  # wall time its (generation, digest) last changed
+    last: str = ""  # "ready", "loaded" or "refused": its last protocol line
+    refused: tuple[str, str] | None = None  # (generation, reason) of its last refusal
+    events: int = 0  # protocol lines seen from this process
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    accepted: bool
+    generation: int  # the generation now accepted (the kept one when refused)
+    digest: str
+    snapshot: Any  # the new Snapshot when accepted, else None
+    workers: dict[int, int] = field(default_factory=dict)  # worker index -> generation it acknowledged
+    errors: str = ""  # the refusal's issues, or workers that lagged; empty when all is well
+
+    def to_json(self) -> dict[str, Any]:
+        return {"accepted": self.accepted, "generation": self.generation, "digest": self.digest,
+                "workers": {str(i): g for i, g in sorted(self.workers.items())}, "errors": self.errors,
+                "issues": [line for line in self.errors.splitlines() if line.strip()]}
+
+
+def describe(result: ReloadResult) -> str:
+    """One line for logs and `adapterctl`: what a reload did."""
+    if not result.accepted:
+        return f"config reload refused, keeping generation {result.generation} (digest {result.digest})"
+    workers = " ".join(f"{i}={g}" for i, g in sorted(result.workers.items())) or "none"
+    line = f"config reload accepted: generation {result.generation} (digest {result.digest}); workers {workers}"
+    return line + (f"; {'; '.join(result.errors.splitlines())}" if result.errors else "")
 
 
 class Supervisor:
     def __init__(self, config_path: str, address: str, base_port: int, workers: int, admin_port: int,
                  shutdown_grace: float = 5.0, admin_address: str = "127.0.0.1", log_level: str = "info",
-                 endpoints: dict[str, tuple[tuple[str, int], ...]] | None = None, record_dir: str | None = None):
+                 endpoints: dict[str, tuple[tuple[str, int], ...]] | None = None, record_dir: str | None = None,
+                 xds: Any = None, bundle_root: str | None = None):
+        """`xds`: an object with `write(snapshot, workers)` (extproc.xds.XdsWriter), called after
+        the workers have a new generation. `bundle_root`: where bundles are published (default: a
+        temporary directory removed by stop())."""
         self.config_path = config_path
         self.address = address
         self.admin = (admin_address, admin_port)
         self.grace = shutdown_grace
         self.log_level = log_level
-        self.endpoint_args = [a for name, eps in (endpoints or {}).items()
-                              for a in ("--endpoint", f"{name}=" + ",".join(f"{h}:{p}" for h, p in eps))]
-        if record_dir:
-            self.endpoint_args += ["--record-dir", record_dir]
+        self.endpoints = dict(endpoints or {})
+        self.worker_args = ["--record-dir", record_dir] if record_dir else []
+        self.xds = xds
         self.workers = [_Worker(i, base_port + i) for i in range(workers)]
+        self._own_root = bundle_root is None
+        self.bundle_root = bundle_root or tempfile.mkdtemp(prefix="adapter-bundles-")
+        self._bundle: Bundle | None = None
         self._stopping = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # spawn vs stop
+        self._reload_lock = threading.Lock()  # one reload at a time
+        self._cond = threading.Condition()  # workers' protocol state and the accepted snapshot
+        self._reloads = {"accepted": 0, "refused": 0}
+        self._last_refusal: dict[str, Any] | None = None
+        self._accepted_at: float | None = None
         self._metrics_dir = tempfile.mkdtemp(prefix="adapter-metrics-")
         self._http: ThreadingHTTPServer | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> None:
+        """Publish generation 1 (a `ConfigError` propagates), start the workers on it, wait for
+        each `ready`, hand the snapshot to xDS, serve the admin port."""
         try:
+            bundle = publish(self.bundle_root, self.config_path, 1, self.endpoints)
+            assert bundle is not None
+            with self._cond:
+                self._bundle = bundle
+                self._accepted_at = time.time()
+            log.info("config %s: generation 1 (digest %s) published as %s", self.config_path, bundle.digest,
+                     bundle.path)
             for w in self.workers:
                 self._spawn(w)
             deadline = time.monotonic() + timeout
             for w in self.workers:
                 self._wait_ready(w, deadline)
+            if self.xds is not None:
+                self.xds.write(bundle.snapshot, len(self.workers))
             self._serve_admin()
         except BaseException:
             self.stop()
@@ -81,27 +164,74 @@ class Supervisor:
         for w in self.workers:
             threading.Thread(target=self._monitor, args=(w,), daemon=True, name=f"worker-{w.index}").start()
 
+    @property
+    def snapshot(self) -> "Snapshot":
+        """The accepted config snapshot (what every worker serves, or is about to)."""
+        assert self._bundle is not None, "start() first"
+        return self._bundle.snapshot
+
     def _spawn(self, w: _Worker) -> None:
-        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=self._metrics_dir, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=self._metrics_dir, PYTHONUNBUFFERED="1",
+                   ADAPTER_STATE_DIR=os.path.join(self._metrics_dir, "state"))  # gateway-wide state (in-flight)
         cmd = [sys.executable, "-m", "extproc", "--log-level", self.log_level, "worker",
-               "--config", self.config_path, "--address", self.address, "--port", str(w.port),
-               "--index", str(w.index), "--shutdown-grace", str(self.grace), *self.endpoint_args]
-        w.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, preexec_fn=die_with_parent, text=True,
-                                  start_new_session=True)
+               "--bundle-root", self.bundle_root, "--address", self.address, "--port", str(w.port),
+               "--index", str(w.index), "--shutdown-grace", str(self.grace), *self.worker_args]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, preexec_fn=die_with_parent, text=True,
+                                start_new_session=True)
+        with self._cond:
+            w.proc = proc
+            w.ready, w.generation, w.digest, w.last, w.refused, w.events = False, None, None, "", None, 0
+        # Drain stdout for the life of the process: protocol lines, and a stray print never blocks it.
+        threading.Thread(target=self._drain, args=(w, proc), daemon=True, name=f"worker-{w.index}-out").start()
+
+    def _drain(self, w: _Worker, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self._on_line(w, proc, line.strip())
+        with self._cond:
+            self._cond.notify_all()
+
+    def _on_line(self, w: _Worker, proc: subprocess.Popen, line: str) -> None:
+        ready, loaded, refused = _READY.match(line), _LOADED.match(line), _REFUSED.match(line)
+        if not (ready or loaded or refused):
+            if line:
+                log.debug("worker %d: %s", w.index, line)
+            return
+        with self._cond:
+            if w.proc is not proc:
+                return  # a line from a process already replaced
+            w.events += 1
+            if refused:
+                w.last, w.refused = "refused", (refused.group(1), refused.group(2))
+                log.error("worker %d (pid %d) refused config bundle generation %s: %s", w.index, proc.pid,
+                          refused.group(1), refused.group(2))
+            else:
+                m = ready or loaded
+                g, d = int(m.group(m.re.groups - 1)), m.group(m.re.groups)
+                if (g, d) != (w.generation, w.digest) or ready:
+                    w.changed = time.time()
+                w.generation, w.digest = g, d
+                w.last = "ready" if ready else "loaded"
+                if ready:
+                    w.ready = True
+                    # it may have read `current` just before a reload published the next one
+                    if self._bundle is not None and d != self._bundle.digest:
+                        self._hangup(w)
+            self._cond.notify_all()
 
     def _wait_ready(self, w: _Worker, deadline: float) -> None:
-        assert w.proc is not None and w.proc.stdout is not None
-        result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(w.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(max(0.0, deadline - time.monotonic()))
-        line = result[0] if result else ""
-        if not line.startswith("ready"):
-            code = w.proc.poll()
-            raise RuntimeError(f"processor worker {w.index} (port {w.port}) did not start"
-                               + (f": exited with code {code}" if code is not None else ": timed out"))
-        # Keep draining stdout so a stray print can never block the worker.
-        threading.Thread(target=lambda: [None for _ in w.proc.stdout], daemon=True).start()
+        proc = w.proc
+        assert proc is not None
+        with self._cond:
+            while not (w.proc is proc and w.ready):
+                if proc.poll() is not None:
+                    reason = f": {w.refused[1]}" if w.refused else ""
+                    raise RuntimeError(f"processor worker {w.index} (port {w.port}) did not start: exited with "
+                                       f"code {proc.returncode}{reason}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RuntimeError(f"processor worker {w.index} (port {w.port}) did not start: timed out")
+                self._cond.wait(min(remaining, 0.2))
 
     def _monitor(self, w: _Worker) -> None:
         while not self._stopping.is_set():
@@ -116,23 +246,126 @@ class Supervisor:
             multiprocess.mark_process_dead(proc.pid, self._metrics_dir)
             w.restarts += 1
             delay = min(0.2 * 2 ** min(w.restarts, 5), 5.0)
-            log.error("worker %d (pid %d) exited with %s; restarting in %.1fs", w.index, proc.pid, code, delay)
+            log.error("worker %d (pid %d) exited with %s; restarting in %.1fs on generation %d", w.index, proc.pid,
+                      code, delay, self.snapshot.generation)
             time.sleep(delay)
             with self._lock:
                 if self._stopping.is_set():
                     return
-                self._spawn(w)
+                self._spawn(w)  # same --bundle-root: it serves the last accepted bundle
             try:
                 self._wait_ready(w, time.monotonic() + 30)
             except RuntimeError as e:
                 log.error("%s", e)
 
-    def reload(self) -> None:
-        """Ask every worker to reload the config file (each keeps its last good config on error)."""
-        for w in self.workers:
-            if w.proc and w.proc.poll() is None:
+    def _hangup(self, w: _Worker) -> bool:
+        try:
+            if w.proc is not None and w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGHUP)
+                return True
+        except ProcessLookupError:
+            pass
+        return False
 
+    # -- reload ----------------------------------------------------------------------------
+    def reload(self, timeout: float = ACK_TIMEOUT) -> ReloadResult:
+        """Validate the config file again and, when it is accepted, move every worker to it.
+
+        Refused: logged once with its file:line issues, nothing changes. Accepted: published as
+        the next generation (or, when its content is the accepted one, kept as it is), every live
+        worker is told (SIGHUP) and acknowledges on stdout; this waits up to `timeout` seconds for
+        them, then calls `xds.write` (workers first: they keep older snapshots, so Envoy's old
+        routes still find theirs). `errors` names workers that lagged."""
+        with self._reload_lock:
+            current = self.snapshot
+            try:
+                bundle = publish(self.bundle_root, self.config_path, current.generation + 1, self.endpoints,
+                                 unchanged=current.digest)
+            except (ConfigError, OSError) as e:
+                text = str(e) if isinstance(e, ConfigError) else f"{self.config_path}: cannot publish bundle: {e}"
+                with self._cond:
+                    self._reloads["refused"] += 1
+                    self._last_refusal = {"at": time.time(), "generation_kept": current.generation,
+                                          "digest_kept": current.digest, "source": self.config_path,
+                                          "issues": text.splitlines()}
+                log.error("config reload refused, keeping generation %d (digest %s):\n%s", current.generation,
+                          current.digest, text)
+                return ReloadResult(False, current.generation, current.digest, None, self.worker_generations(), text)
+            with self._cond:
+                if bundle is not None:
+                    self._bundle = bundle
+                    self._accepted_at = time.time()
+                self._reloads["accepted"] += 1
+            snap = self.snapshot
+            errors = self._tell_workers(snap, timeout)
+            if self.xds is not None:
+                try:
+                    self.xds.write(snap, len(self.workers))
+                except Exception as e:  # noqa: BLE001 - reported; the workers already serve it
+                    log.error("xDS write for generation %d failed: %s", snap.generation, e)
+                    errors.append(f"xds: {e}")
+            result = ReloadResult(True, snap.generation, snap.digest, snap, self.worker_generations(),
+                                  "\n".join(errors))
+            (log.warning if errors else log.info)("%s", describe(result))
+            return result
+
+    def _tell_workers(self, snap: "Snapshot", timeout: float) -> list[str]:
+        with self._cond:
+            told = {w.index: (w.proc, w.events) for w in self.workers if w.ready and self._hangup(w)}
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                pending = [w for w in self.workers if not self._settled(w, told, snap)]
+                remaining = deadline - time.monotonic()
+                if not pending or remaining <= 0:
+                    break
+                self._cond.wait(min(remaining, 0.5))
+            errors = []
+            for w in self.workers:
+                if w.digest == snap.digest and w.ready:
+                    continue
+                if w.last == "refused" and w.refused:
+                    errors.append(f"worker {w.index} refused generation {w.refused[0]}: {w.refused[1]}")
+                elif not w.alive() or not w.ready:
+                    errors.append(f"worker {w.index} is not running (restarting); it will start on generation "
+                                  f"{snap.generation}")
+                else:
+                    errors.append(f"worker {w.index} did not acknowledge generation {snap.generation} within "
+                                  f"{timeout:g}s (serving generation {w.generation})")
+            return errors
+
+    def _settled(self, w: _Worker, told: dict[int, tuple[Any, int]], snap: "Snapshot") -> bool:
+        """Whether reload() can stop waiting for `w`: it acknowledged `snap`, or refused it."""
+        proc, events = told.get(w.index, (None, -1))
+        if w.proc is proc:  # told: wait for a line after the SIGHUP
+            return w.events > events and (w.digest == snap.digest or w.last == "refused")
+        return w.ready and w.digest == snap.digest  # (re)started since: its ready line says
+
+    def worker_generations(self) -> dict[int, int]:
+        with self._cond:
+            return {w.index: w.generation for w in self.workers if w.alive() and w.ready and w.generation is not None}
+
+    def config_state(self) -> dict[str, Any]:
+        """What `GET /config` answers."""
+        with self._cond:
+            b = self._bundle
+            return {
+                "generation": b.generation if b else None,
+                "digest": b.digest if b else None,
+                "source": self.config_path,
+                "bundle": str(b.path) if b else None,
+                "accepted_at": self._accepted_at,
+                "workers": [{"index": w.index, "port": w.port, "pid": w.pid, "alive": w.alive(), "ready": w.ready,
+                             "generation": w.generation, "digest": w.digest, "restarts": w.restarts,
+                             "changed_at": w.changed,
+                             "refused": ({"generation": w.refused[0], "reason": w.refused[1]}
+                                         if w.refused else None)}
+                            for w in self.workers],
+                "reloads": dict(self._reloads),
+                "last_refusal": self._last_refusal,
+            }
+
+    # -- stop ------------------------------------------------------------------------------
     def stop(self) -> None:
         with self._lock:
             self._stopping.set()
@@ -152,10 +385,13 @@ class Supervisor:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+            self._http = None
         shutil.rmtree(self._metrics_dir, ignore_errors=True)
+        if self._own_root:
+            shutil.rmtree(self.bundle_root, ignore_errors=True)
 
     def alive(self) -> bool:
-        return all(w.proc is not None and w.proc.poll() is None for w in self.workers)
+        return all(w.alive() for w in self.workers)
 
     @property
     def pids(self) -> list[int]:
@@ -169,15 +405,36 @@ class Supervisor:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                if self.path.split("?")[0] == "/metrics":
+                path = self.path.split("?")[0]
+                if path == "/metrics":
                     registry = CollectorRegistry()
                     multiprocess.MultiProcessCollector(registry, path=sup._metrics_dir)
+                    registry.register(_ConfigCollector(sup))
                     self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
-                elif self.path.split("?")[0] in ("/healthz", "/readyz"):
+                elif path in ("/healthz", "/readyz"):
                     ok = sup.alive()
                     self._send(200 if ok else 503, b"ok\n" if ok else b"worker down\n", "text/plain")
+                elif path == "/config":
+                    self._json(200, sup.config_state())
                 else:
-                    self._send(404, b"not found: try /metrics or /healthz\n", "text/plain")
+                    self._send(404, b"not found: try /metrics, /healthz, /config or POST /reload\n", "text/plain")
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                if self.path.split("?")[0] != "/reload":
+                    self._send(404, b"not found: POST /reload\n", "text/plain")
+                    return
+                result = sup.reload()
+                doc = result.to_json()
+                with sup._cond:
+                    doc["worker_digests"] = {str(w.index): w.digest for w in sup.workers if w.digest}
+                    doc["workers_total"] = len(sup.workers)
+                self._json(200 if result.accepted else 409, doc)
+
+            def _json(self, code: int, doc: Any) -> None:
+                self._send(code, (json.dumps(doc, indent=1) + "\n").encode(), "application/json")
 
             def _send(self, code: int, body: bytes, ctype: str) -> None:
                 self.send_response(code)
@@ -191,3 +448,31 @@ class Supervisor:
 
         self._http = ThreadingHTTPServer(self.admin, Handler)
         threading.Thread(target=self._http.serve_forever, daemon=True, name="admin").start()
+
+
+class _ConfigCollector:
+    """The supervisor's own series, merged into `/metrics`: which generation each worker serves
+    (one series per live worker, so a laggard shows), the accepted one, reload outcomes."""
+
+    def __init__(self, sup: Supervisor):
+        self.sup = sup
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        state = self.sup.config_state()
+        info = GaugeMetricFamily("adapter_processor_worker_config_info",
+                                 "the config generation and digest each live worker serves (value 1)",
+                                 labels=["worker", "generation", "digest"])
+        for w in state["workers"]:
+            if w["alive"] and w["ready"] and w["generation"] is not None:
+                info.add_metric([str(w["index"]), str(w["generation"]), w["digest"]], 1)
+        yield info
+        if state["generation"] is not None:
+            yield GaugeMetricFamily("adapter_processor_config_accepted_generation",
+                                    "the config generation the supervisor accepted last", value=state["generation"])
+        reloads = CounterMetricFamily("adapter_processor_config_reloads", "config reloads by result",
+                                      labels=["result"])
+        for result in ("accepted", "refused"):
+            reloads.add_metric([result], state["reloads"][result])
+        yield reloads

@@ -1,4 +1,5 @@
-"""A worker's lifecycle as a real process: ready line, health, graceful drain, forced exit, start-up errors."""
+"""A worker's lifecycle as a real process: ready line, health, graceful drain, forced exit, start-up errors,
+and the bundle protocol (ready/loaded/refused lines on stdout)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from tests.integration.test_servicer import recorded
 CONFIG = DATA / "recorded" / "config.yaml"
 
 
-def start_worker(port: int, grace: float, config=CONFIG) -> subprocess.Popen:
+def start_worker(port: int, grace: float, config=CONFIG, bundle_root=None) -> subprocess.Popen:
+    source = ["--bundle-root", str(bundle_root)] if bundle_root else ["--config", str(config)]
     return subprocess.Popen(
-        [sys.executable, "-m", "extproc", "worker", "--config", str(config), "--port", str(port),
+        [sys.executable, "-m", "extproc", "worker", *source, "--port", str(port),
          "--shutdown-grace", str(grace)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -45,8 +47,8 @@ def health(channel) -> int:
 def worker_proc():
     procs = []
 
-    def start(port, grace, config=CONFIG):
-        p = start_worker(port, grace, config)
+    def start(port, grace, config=CONFIG, bundle_root=None):
+        p = start_worker(port, grace, config, bundle_root)
         procs.append(p)
         return p
 
@@ -115,3 +117,59 @@ def test_invalid_config_and_busy_port_fail_start_up(worker_proc, tmp_path):
         busy = s.getsockname()[1]
         proc = worker_proc(busy, 1.0)
         assert proc.wait(30) == 3 and "cannot bind" in proc.stderr.read()
+
+
+def lines(proc: subprocess.Popen) -> "queue.Queue[str]":
+    """The worker's stdout lines, read on a thread (a test never blocks on a silent worker)."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [q.put(line.rstrip("\n")) for line in proc.stdout], daemon=True).start()
+    return q
+
+
+def test_bundle_worker_says_ready_loaded_and_refused(worker_proc, tmp_path):
+    import json
+    import os
+    import queue
+    import shutil
+
+    from extproc.config.bundle import CURRENT, publish
+
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(CONFIG.read_text())
+    root = tmp_path / "bundles"
+    first = publish(root, cfg, 1)
+    port = free_port()
+    proc = worker_proc(port, 1.0, bundle_root=root)
+    out = lines(proc)
+    assert out.get(timeout=30) == f"ready 127.0.0.1:{port} generation=1 digest={first.digest}"
+    proc.send_signal(signal.SIGHUP)  # the same bundle: acknowledged again, nothing reloaded
+    assert out.get(timeout=10) == f"loaded generation=1 digest={first.digest}"
+    cfg.write_text(CONFIG.read_text().replace("/v1/chat/completions", "/v1/other"))
+    second = publish(root, cfg, 2)
+    cfg.write_text("broken: [")  # the worker never reads the file: only the bundle
+    proc.send_signal(signal.SIGHUP)
+    assert out.get(timeout=10) == f"loaded generation=2 digest={second.digest}"
+    broken = root / f"3-{'0' * 16}"
+    shutil.copytree(second.path, broken)
+    (broken / "config.yaml").unlink()
+    manifest = json.loads((broken / "manifest.json").read_text())
+    (broken / "manifest.json").write_text(json.dumps(dict(manifest, generation=3, digest="0" * 16)))
+    os.symlink(broken.name, root / "next")
+    os.replace(root / "next", root / CURRENT)
+    proc.send_signal(signal.SIGHUP)
+    line = out.get(timeout=10)
+    assert line.startswith("refused generation=3: bundle ") and "cannot read config.yaml" in line, line
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    assert health(channel) == health_pb2.HealthCheckResponse.SERVING  # still serving generation 2
+    with pytest.raises(queue.Empty):
+        out.get(timeout=0.5)  # one line per event
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    # a worker that starts on a bundle it cannot load says so and exits 2 (its supervisor reports why)
+    proc = worker_proc(free_port(), 1.0, bundle_root=root)
+    out = lines(proc)
+    assert out.get(timeout=30).startswith("refused generation=3: bundle ")
+    assert proc.wait(30) == 2
