@@ -15,11 +15,22 @@ What the generated config does:
 - the processor cluster lists every worker as its own endpoint (LEAST_REQUEST, gRPC health
   checks, circuit breakers raised from the default 1024 concurrent streams), one cluster per
   backend (HTTP/1.1 for `protocol: http`, HTTP/2 for `grpc`);
+- backend clusters pick the endpoint the processor names (GIE endpoint-picker protocol: header
+  `x-gateway-destination-endpoint`, else dynamic metadata `envoy.lb`, `ip:port[,ip:port...]`) with
+  the override_host load-balancing policy, least request without a pick; clients cannot send the
+  header (stripped early);
+- one gRPC access logger per worker sends each worker the log entries of the requests it served
+  (dynamic metadata `adapter.worker`), to cluster `adapter_als_<i>` (that worker's gRPC server);
+- every route sends the config digest (`x-adapter-config-digest`) with its gRPC initial metadata,
+  so a worker can tell which config Envoy routed a request by;
 - `failureMode: closed` answers 503 when the processor is unreachable; `open` passes the request
   through to the route's backend unchanged;
 - Envoy's own error replies (404 unknown route, 413 body too large, 503 backend down, 504) are
   JSON naming the reason and the backend; the processor's JSON errors pass through unchanged.
-Cost: pure function of the snapshot; runs at start-up only.
+The pieces (listener, route configuration, clusters, load assignments) are public: `render` puts
+them in one static bootstrap (`adapterctl render-envoy`), `extproc.xds` writes them as files that a
+running Envoy reloads (LDS/RDS/CDS/EDS from the filesystem).
+Cost: pure function of the snapshot.
 """
 
 from __future__ import annotations
@@ -34,7 +45,17 @@ from extproc.config.snapshot import (BACKEND_HEADER, DEBUG_METADATA_KEY, HEALTH_
 from extproc.types import Phase
 
 PROCESSOR_CLUSTER = "adapter_processor"
+ALS_CLUSTER_PREFIX = "adapter_als_"  # + worker index: that worker's gRPC access-log service
 EXT_PROC = "envoy.filters.http.ext_proc"
+LISTENER_NAME = "adapter_listener"
+ROUTE_CONFIG_NAME = "adapter_routes"
+STAT_PREFIX = "adapter"
+# The GIE endpoint-picker protocol: the processor names the endpoint (ip:port[,ip:port...], first
+# the pick, then fallbacks) in this header and in dynamic metadata envoy.lb/<the same key>.
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+LB_METADATA_NAMESPACE = "envoy.lb"
+DIGEST_METADATA_KEY = "x-adapter-config-digest"  # gRPC initial metadata: the config Envoy routes by
+WORKER_METADATA_KEY = "worker"  # dynamic metadata adapter.worker: which worker served the request
 _T = "type.googleapis.com/"
 
 
@@ -72,7 +93,7 @@ def processing_mode(route: Route) -> dict[str, str]:
     }
 
 
-def _ext_proc_per_route(route: Route, tenant_header: str) -> dict[str, Any]:
+def _ext_proc_per_route(route: Route, tenant_header: str, digest: str) -> dict[str, Any]:
     return {
         EXT_PROC: {
             "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
@@ -84,13 +105,14 @@ def _ext_proc_per_route(route: Route, tenant_header: str) -> dict[str, Any]:
                     {"key": "x-request-id", "value": "%REQ(x-request-id)%"},
                     {"key": DEBUG_METADATA_KEY, "value": "%REQ(x-adapter-debug)%"},
                     {"key": TENANT_METADATA_KEY, "value": f"%REQ({route.tenant_header or tenant_header})%"},
+                    {"key": DIGEST_METADATA_KEY, "value": digest},
                 ],
             },
         }
     }
 
 
-def _backend_route(route: Route, backend: Backend, tenant_header: str) -> dict[str, Any]:
+def _backend_route(route: Route, backend: Backend, tenant_header: str, digest: str) -> dict[str, Any]:
     return {
         "name": f"{route.name}--{backend.name}",
         "match": {"prefix": "/", "headers": [
@@ -99,15 +121,15 @@ def _backend_route(route: Route, backend: Backend, tenant_header: str) -> dict[s
         ]},
         "route": {"cluster": backend.cluster, "timeout": _duration(route.timeout)},
         "request_headers_to_remove": [BACKEND_HEADER, ROUTE_TARGET_HEADER],
-        "typed_per_filter_config": _ext_proc_per_route(route, tenant_header),
+        "typed_per_filter_config": _ext_proc_per_route(route, tenant_header, digest),
     }
 
 
-def _client_route(route: Route, tenant_header: str) -> dict[str, Any]:
+def _client_route(route: Route, tenant_header: str, digest: str) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": route.name,
         "match": {"prefix" if route.match == "prefix" else "path": route.path},
-        "typed_per_filter_config": _ext_proc_per_route(route, tenant_header),
+        "typed_per_filter_config": _ext_proc_per_route(route, tenant_header, digest),
     }
     if route.backend is None:  # answered by the processor; reached only if it is down
         entry["direct_response"] = {"status": 503, "body": {"inline_string": "the processor did not answer"}}
@@ -147,7 +169,7 @@ def _local_reply_config() -> dict[str, Any]:
 
 def _client_stripped_headers(snap: Snapshot) -> list[str]:
     """Headers only Envoy or the processor may set; removed from client requests before routing."""
-    headers = [BACKEND_HEADER, ROUTE_TARGET_HEADER]
+    headers = [BACKEND_HEADER, ROUTE_TARGET_HEADER, DESTINATION_HEADER]
     if snap.tenancy.source == "jwt":
         headers.append(snap.tenancy.header)  # set from the verified JWT claim, never by the client
     return headers
@@ -177,19 +199,28 @@ def _jwt_filters(tenancy: Any) -> list[dict[str, Any]]:
     }}]
 
 
-def _processor_cluster(snap: Snapshot, workers: int, address: str, base_port: int) -> dict[str, Any]:
+def _http2_options(keepalive: bool = False) -> dict[str, Any]:
+    h2: dict[str, Any] = {"connection_keepalive": {"interval": "30s", "timeout": "5s"}} if keepalive else {}
+    return {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": h2},
+    }}
+
+
+def worker_count(snap: Snapshot, workers: int | None = None) -> int:
+    """`workers` if given, else the config's, else the CPU count."""
+    return workers or snap.processor.workers or os.cpu_count() or 1
+
+
+def processor_cluster(snap: Snapshot, workers: int) -> dict[str, Any]:
+    """One endpoint per worker (each its own HTTP/2 connection), gRPC health checked."""
+    address, base_port = snap.processor.address, snap.processor.base_port
     return {
         "name": PROCESSOR_CLUSTER,
-        "type": "STATIC" if _is_ip(address) else "STRICT_DNS",
+        "type": "STATIC" if is_ip(address) else "STRICT_DNS",
         "connect_timeout": "1s",
         "lb_policy": "LEAST_REQUEST",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {"connection_keepalive": {
-                    "interval": "30s", "timeout": "5s"}}},
-            }
-        },
+        "typed_extension_protocol_options": _http2_options(keepalive=True),
         # One gRPC stream per in-flight HTTP request: the default 1024 would cap concurrency.
         "circuit_breakers": {"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000,
                                              "max_requests": 100000, "max_retries": 3}]},
@@ -203,26 +234,75 @@ def _processor_cluster(snap: Snapshot, workers: int, address: str, base_port: in
     }
 
 
-def _backend_cluster(b: Backend) -> dict[str, Any]:
-    is_ip = all(_is_ip(h) for h, _ in b.endpoints)
+def als_clusters(snap: Snapshot, workers: int) -> list[dict[str, Any]]:
+    """`adapter_als_<i>`: worker i alone (its gRPC server also serves the access-log service)."""
+    address, base_port = snap.processor.address, snap.processor.base_port
+    return [{
+        "name": f"{ALS_CLUSTER_PREFIX}{i}",
+        "type": "STATIC" if is_ip(address) else "STRICT_DNS",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": _http2_options(keepalive=True),
+        "load_assignment": {"cluster_name": f"{ALS_CLUSTER_PREFIX}{i}", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": _addr(address, base_port + i)}}]}]},
+    } for i in range(workers)]
+
+
+def _override_host_policy() -> dict[str, Any]:
+    """Endpoint picks by the processor (GIE endpoint-picker protocol): the header, else the
+    `envoy.lb` metadata, names `ip:port[,ip:port...]`; only endpoints of the cluster count, later
+    entries are fallbacks; without a usable pick, least request."""
+    return {"policies": [{"typed_extension_config": {
+        "name": "envoy.load_balancing_policies.override_host",
+        "typed_config": {
+            "@type": _T + "envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+            "override_host_sources": [
+                {"header": DESTINATION_HEADER},
+                {"metadata": {"key": LB_METADATA_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]}},
+            ],
+            "fallback_policy": {"policies": [{"typed_extension_config": {
+                "name": "envoy.load_balancing_policies.least_request",
+                "typed_config": {
+                    "@type": _T + "envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"},
+            }}]},
+        },
+    }}]}
+
+
+def uses_eds(b: Backend) -> bool:
+    """EDS needs IP endpoints; a backend with any host name stays STRICT_DNS with inline endpoints."""
+    return all(is_ip(h) for h, _ in b.endpoints)
+
+
+def load_assignment(b: Backend) -> dict[str, Any]:
+    """The backend's endpoints as a ClusterLoadAssignment (inline, or the body of its EDS file)."""
+    return {"cluster_name": b.cluster, "endpoints": [{"lb_endpoints": [
+        {"endpoint": {"address": _addr(h, p)}} for h, p in b.endpoints]}]}
+
+
+def backend_cluster(b: Backend, eds_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The backend's cluster: inline endpoints, or `type: EDS` from `eds_config` (a ConfigSource)."""
     protocol = {"http2_protocol_options": {}} if b.protocol == "grpc" else {"http_protocol_options": {}}
-    return {
+    all_ips = all(is_ip(h) for h, _ in b.endpoints)
+    cluster: dict[str, Any] = {
         "name": b.cluster,
-        "type": "STATIC" if is_ip else "STRICT_DNS",
+        "type": "EDS" if eds_config is not None else ("STATIC" if all_ips else "STRICT_DNS"),
         "connect_timeout": "2s",
-        "lb_policy": "LEAST_REQUEST",
+        "load_balancing_policy": _override_host_policy(),
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                 "explicit_http_config": protocol,
             }
         },
-        "load_assignment": {"cluster_name": b.cluster, "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": _addr(h, p)}} for h, p in b.endpoints]}]},
     }
+    if eds_config is not None:
+        cluster["eds_cluster_config"] = {"service_name": b.cluster, "eds_config": eds_config}
+    else:
+        cluster["load_assignment"] = load_assignment(b)
+    return cluster
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
     import ipaddress
 
     try:
@@ -232,20 +312,21 @@ def _is_ip(host: str) -> bool:
         return False
 
 
-def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
-    """The bootstrap as a dict. `workers` defaults to the config's, else the CPU count."""
-    proc = snap.processor
-    n = workers or proc.workers or os.cpu_count() or 1
-    routes = [r for r in snap.routes.values()]
-    tenancy = snap.tenancy
+_is_ip = is_ip  # the old private name
+
+
+def route_configuration(snap: Snapshot) -> dict[str, Any]:
+    """The one RouteConfiguration: processor-chosen entries per (route, backend), then client paths
+    (exact first, then prefixes longest first: the most specific route wins), then a 404 catch-all."""
+    routes = list(snap.routes.values())
+    tenant_header = snap.tenancy.header
     entries: list[dict[str, Any]] = []
     for r in routes:
         for b in r.backends:
-            entries.append(_backend_route(r, b, tenancy.header))
-    # exact paths first, then prefixes longest first: the most specific route wins
+            entries.append(_backend_route(r, b, tenant_header, snap.digest))
     ordered = sorted(routes, key=lambda r: (r.match == "prefix", -len(r.path) if r.match == "prefix" else 0))
     for r in ordered:
-        entries.append(_client_route(r, tenancy.header))
+        entries.append(_client_route(r, tenant_header, snap.digest))
     entries.append({
         "name": "not-found",
         "match": {"prefix": "/"},
@@ -253,10 +334,40 @@ def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
         "typed_per_filter_config": {EXT_PROC: {
             "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "disabled": True}},
     })
-    max_body = max(r.max_body_bytes for r in routes)
-    hcm = {
+    return {"name": ROUTE_CONFIG_NAME, "virtual_hosts": [{"name": snap.name, "domains": ["*"], "routes": entries}]}
+
+
+def access_loggers(workers: int) -> list[dict[str, Any]]:
+    """One gRPC access logger per worker, each filtered to the requests that worker served
+    (dynamic metadata `adapter.worker` == "<i>", set by the worker's first reply)."""
+    return [{
+        "name": "envoy.access_loggers.http_grpc",
+        "filter": {"metadata_filter": {
+            "matcher": {"filter": "adapter", "path": [{"key": WORKER_METADATA_KEY}],
+                        "value": {"string_match": {"exact": str(i)}}},
+            "match_if_key_not_found": False,
+        }},
+        "typed_config": {
+            "@type": _T + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": f"adapter-w{i}",
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": f"{ALS_CLUSTER_PREFIX}{i}"}},
+                "buffer_flush_interval": "0.02s",
+                "buffer_size_bytes": 16384,
+            },
+            "additional_request_headers_to_log": [DESTINATION_HEADER],
+        },
+    } for i in range(workers)]
+
+
+def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The HCM: routes inline, or from RDS when `rds` (a ConfigSource) is given."""
+    proc = snap.processor
+    tenancy = snap.tenancy
+    hcm: dict[str, Any] = {
         "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "adapter",
+        "stat_prefix": STAT_PREFIX,
         "codec_type": "AUTO",
         "early_header_mutation_extensions": [{
             "name": "envoy.http.early_header_mutation.header_mutation",
@@ -266,40 +377,51 @@ def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
             },
         }],
         "local_reply_config": _local_reply_config(),
-        "route_config": {"name": "adapter_routes", "virtual_hosts": [
-            {"name": snap.name, "domains": ["*"], "routes": entries}]},
-        "http_filters": _jwt_filters(tenancy) + [
-            {"name": EXT_PROC, "typed_config": {
-                "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-                "grpc_service": {"envoy_grpc": {"cluster_name": PROCESSOR_CLUSTER}},
-                "failure_mode_allow": False,
-                "status_on_error": {"code": 503},
-                "message_timeout": _duration(proc.message_timeout),
-                "max_message_timeout": "30s",
-                "processing_mode": {"request_header_mode": "SKIP", "response_header_mode": "SKIP",
-                                    "request_body_mode": "NONE", "response_body_mode": "NONE"},
-                # Only to turn a body phase off (error responses pass through untouched).
-                "allow_mode_override": True,
-                # Tool routes set :method (the operation's); the processor is trusted with routing headers.
-                "mutation_rules": {"allow_all_routing": True},
-                "metadata_options": {"receiving_namespaces": {"untyped": ["adapter"]}},
-            }},
-            {"name": "envoy.filters.http.router", "typed_config": {
-                "@type": _T + "envoy.extensions.filters.http.router.v3.Router"}},
-        ],
     }
-    listener = {
-        "name": "adapter_listener",
+    if rds is None:
+        hcm["route_config"] = route_configuration(snap)
+    else:
+        hcm["rds"] = {"route_config_name": ROUTE_CONFIG_NAME, "config_source": rds}
+    hcm["access_log"] = access_loggers(workers)
+    hcm["http_filters"] = _jwt_filters(tenancy) + [
+        {"name": EXT_PROC, "typed_config": {
+            "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": PROCESSOR_CLUSTER}},
+            "failure_mode_allow": False,
+            "status_on_error": {"code": 503},
+            "message_timeout": _duration(proc.message_timeout),
+            "max_message_timeout": "30s",
+            "processing_mode": {"request_header_mode": "SKIP", "response_header_mode": "SKIP",
+                                "request_body_mode": "NONE", "response_body_mode": "NONE"},
+            # Only to turn a body phase off (error responses pass through untouched).
+            "allow_mode_override": True,
+            # Tool routes set :method (the operation's); the processor is trusted with routing headers.
+            "mutation_rules": {"allow_all_routing": True},
+            # adapter: our own (worker, processor_reply); envoy.lb: the endpoint pick (override_host)
+            "metadata_options": {"receiving_namespaces": {"untyped": ["adapter", LB_METADATA_NAMESPACE]}},
+        }},
+        {"name": "envoy.filters.http.router", "typed_config": {
+            "@type": _T + "envoy.extensions.filters.http.router.v3.Router"}},
+    ]
+    return hcm
+
+
+def listener(snap: Snapshot, workers: int, rds: dict[str, Any] | None = None) -> dict[str, Any]:
+    max_body = max(r.max_body_bytes for r in snap.routes.values())
+    return {
+        "name": LISTENER_NAME,
         "address": _addr(snap.listener.address, snap.listener.port),
         # Envoy buffers bodies up to this (413 beyond it); each route's own smaller maxBodyBytes is
         # enforced by the processor's body-limit stage, since Envoy 1.40 applies a route's buffer
         # limit only after ext_proc has already buffered the body.
         "per_connection_buffer_limit_bytes": max(max_body, 64 * 1024),
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                        "typed_config": hcm}]}],
+                                        "typed_config": http_connection_manager(snap, workers, rds)}]}],
     }
-    clusters = [_processor_cluster(snap, n, proc.address, proc.base_port)]
-    clusters += [_backend_cluster(b) for b in snap.backends.values()]
+
+
+def bootstrap_base(snap: Snapshot) -> dict[str, Any]:
+    """What every bootstrap has: node, admin, the overload manager's connection limit."""
     return {
         "node": {"id": f"adapter-gateway-{snap.name}", "cluster": "adapter-gateway"},
         "admin": {"address": _addr(snap.admin.address, snap.admin.port)},
@@ -310,14 +432,56 @@ def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
                 "max_active_downstream_connections": 50000,
             },
         }]},
-        "static_resources": {"listeners": [listener], "clusters": clusters},
     }
+
+
+def render(snap: Snapshot, workers: int | None = None) -> dict[str, Any]:
+    """The static bootstrap as a dict (everything inline; a change needs an Envoy restart).
+    `workers` defaults to the config's, else the CPU count. `extproc.xds` renders the same pieces
+    as files Envoy reloads live."""
+    n = worker_count(snap, workers)
+    clusters = [processor_cluster(snap, n), *als_clusters(snap, n)]
+    clusters += [backend_cluster(b) for b in snap.backends.values()]
+    return {**bootstrap_base(snap), "static_resources": {"listeners": [listener(snap, n)], "clusters": clusters}}
+
+
+class _EnvoyYamlDumper(yaml.SafeDumper):
+    """Quotes every string Envoy's YAML reader (yaml-cpp, YAML 1.1) would take for a bool or a
+    number: PyYAML leaves `n`, `y` and `1e3` plain, and Envoy then reads a route named `n` as
+    `false` and rejects the config (seen on 1.40)."""
+
+
+_YAML_BOOLS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "~"}
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    plain_is_not_a_string = value.lower() in _YAML_BOOLS
+    if not plain_is_not_a_string:
+        try:
+            float(value.replace("_", ""))
+            plain_is_not_a_string = True
+        except ValueError:
+            pass
+    style = '"' if plain_is_not_a_string else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_EnvoyYamlDumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(doc: Any) -> str:
+    """YAML for Envoy: key order kept, strings Envoy could misread quoted."""
+    return yaml.dump(doc, Dumper=_EnvoyYamlDumper, sort_keys=False, allow_unicode=True, width=120)
 
 
 def render_yaml(snap: Snapshot, workers: int | None = None) -> str:
     header = (f"# Generated by `adapterctl render-envoy` from {snap.source} ({snap.name}, digest {snap.digest}).\n"
               "# Do not edit: change the AdapterGateway file and render again.\n")
-    return header + yaml.safe_dump(render(snap, workers), sort_keys=False, allow_unicode=True, width=120)
+    return header + dump_yaml(render(snap, workers))
 
 
-__all__ = ["render", "render_yaml", "processing_mode", "PROCESSOR_CLUSTER", "HEALTH_ROUTE"]
+__all__ = ["render", "render_yaml", "dump_yaml", "processing_mode", "route_configuration", "listener",
+           "http_connection_manager", "backend_cluster", "load_assignment", "processor_cluster", "als_clusters",
+           "access_loggers", "bootstrap_base", "worker_count", "uses_eds", "is_ip", "PROCESSOR_CLUSTER",
+           "ALS_CLUSTER_PREFIX", "HEALTH_ROUTE", "DESTINATION_HEADER", "LB_METADATA_NAMESPACE", "DIGEST_METADATA_KEY",
+           "ROUTE_CONFIG_NAME", "LISTENER_NAME", "STAT_PREFIX"]

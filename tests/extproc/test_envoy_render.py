@@ -12,6 +12,8 @@ from extproc.config.loader import load_file, load_text
 from extproc.envoy_render import PROCESSOR_CLUSTER, processing_mode, render, render_yaml
 from tests.conftest import BRIEF_EXAMPLE, REPO
 
+EXT_PROC_NAME = "envoy.filters.http.ext_proc"
+
 EXAMPLES = sorted(glob.glob(str(REPO / "examples" / "*.yaml"))) + [str(BRIEF_EXAMPLE)]
 
 
@@ -120,3 +122,82 @@ def test_checked_in_envoy_config_is_current():
     snap = load_file(REPO / "examples" / "finance-llm-adapter.yaml")
     checked_in = yaml.safe_load((REPO / "envoy" / "finance-llm-adapter.yaml").read_text())
     assert checked_in == render(snap, workers=2), "stale: run `make render`"
+
+
+def test_backend_clusters_pick_the_endpoint_the_processor_names():
+    """GIE endpoint-picker protocol: override_host reads the header, then envoy.lb metadata;
+    least request without a pick. Clients cannot send the header."""
+    boot = render(load_file(REPO / "examples" / "finance-llm-adapter.yaml"), workers=2)
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    for name in ("ort", "finance-backend"):
+        c = clusters[name]
+        assert "lb_policy" not in c
+        policy = c["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+        assert policy["name"] == "envoy.load_balancing_policies.override_host"
+        assert policy["typed_config"]["override_host_sources"] == [
+            {"header": "x-gateway-destination-endpoint"},
+            {"metadata": {"key": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint"}]}}]
+        fallback = policy["typed_config"]["fallback_policy"]["policies"][0]["typed_extension_config"]
+        assert fallback["name"] == "envoy.load_balancing_policies.least_request"
+    hcm, routes = routes_of(boot)
+    removed = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
+    assert {"remove": "x-gateway-destination-endpoint"} in removed
+    # not removed on the way upstream: the balancer reads the header after route header removal
+    assert all("x-gateway-destination-endpoint" not in r.get("request_headers_to_remove", []) for r in routes)
+    ext_proc = hcm["http_filters"][0]["typed_config"]
+    assert ext_proc["metadata_options"]["receiving_namespaces"]["untyped"] == ["adapter", "envoy.lb"]
+
+
+def test_each_worker_gets_its_own_access_logger_and_cluster():
+    snap = load_file(BRIEF_EXAMPLE)
+    boot = render(snap, workers=3)
+    hcm, _ = routes_of(boot)
+    loggers = hcm["access_log"]
+    assert len(loggers) == 3
+    for i, logger in enumerate(loggers):
+        assert logger["name"] == "envoy.access_loggers.http_grpc"
+        assert logger["filter"]["metadata_filter"] == {
+            "matcher": {"filter": "adapter", "path": [{"key": "worker"}], "value": {"string_match": {"exact": str(i)}}},
+            "match_if_key_not_found": False}
+        cfg = logger["typed_config"]
+        assert cfg["common_config"] == {
+            "log_name": f"adapter-w{i}", "transport_api_version": "V3",
+            "grpc_service": {"envoy_grpc": {"cluster_name": f"adapter_als_{i}"}},
+            "buffer_flush_interval": "0.02s", "buffer_size_bytes": 16384}
+        assert cfg["additional_request_headers_to_log"] == ["x-gateway-destination-endpoint"]
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    for i in range(3):
+        als = clusters[f"adapter_als_{i}"]
+        [ep] = als["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        assert ep["endpoint"]["address"]["socket_address"]["port_value"] == snap.processor.base_port + i
+        http = als["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        assert "http2_protocol_options" in http["explicit_http_config"]
+
+
+def test_every_route_sends_the_config_digest():
+    snap = load_file(REPO / "examples" / "finance-llm-adapter.yaml")
+    _, routes = routes_of(render(snap, workers=2))
+    with_overrides = [r for r in routes if "overrides" in r["typed_per_filter_config"][EXT_PROC_NAME]]
+    assert len(with_overrides) == len(routes) - 1  # all but the 404 catch-all, which has ext_proc off
+    for r in with_overrides:
+        meta = r["typed_per_filter_config"][EXT_PROC_NAME]["overrides"]["grpc_initial_metadata"]
+        assert {"key": "x-adapter-config-digest", "value": snap.digest} in meta
+        assert {"key": "x-adapter-route", "value": r["name"].split("--")[0]} in meta
+
+
+def test_yaml_quotes_what_envoy_would_read_as_a_bool_or_number(write_config, tmp_path):
+    """Envoy's YAML reader takes a plain `n` for false: a route named `n` broke the bootstrap."""
+    p = write_config("""
+        apiVersion: adapter.ai/v1
+        kind: AdapterGateway
+        metadata: {name: t}
+        spec:
+          backends: [{name: b, endpoints: ["127.0.0.1:9"]}]
+          routes: [{path: /n}, {path: /y}, {path: /1e3}]
+        """)
+    text = render_yaml(load_file(p), workers=1)
+    assert 'name: "n"' in text and 'name: "1e3"' in text
+    out = tmp_path / "envoy.yaml"
+    out.write_text(text)
+    ok, output = envoy_validate(str(out))
+    assert ok, output
