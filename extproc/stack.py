@@ -4,8 +4,12 @@ What: `Stack(config).start()` starts, in order, an embedded backend per backend 
 `simulate=True` (an OpenAI API *simulator* for OpenAI/vLLM backends, our real ONNX Runtime
 KServe server with demo models for KServe backends; the backends' endpoints are then pointed at
 them, and this is logged),
-the processor supervisor and its workers, then Envoy with the bootstrap rendered from the same
-snapshot; it returns when Envoy's listener answers. `stop()` stops them in reverse order (Envoy
+the processor supervisor and its workers, then Envoy; it returns when Envoy's listener answers.
+Envoy runs for the stack's whole life (one process, `--disable-hot-restart`) on a bootstrap whose
+listener, routes, clusters and endpoints are files in `<run_dir>/xds/` (`extproc.xds`): `stack.xds`
+writes them make before break, waiting on Envoy's admin stats, and the supervisor calls it after
+every accepted reload (when it takes `xds=`; else `Stack.reload()` writes them itself), so a new
+route, backend or endpoint needs no restart. `stop()` stops them in reverse order (Envoy
 first, so no new request reaches a stopping processor), each bounded, killing what does not exit.
 Every child dies with this process (PR_SET_PDEATHSIG), so nothing is left behind.
 Why: one code path for `make run`, the tests and the benchmarks.
@@ -15,6 +19,7 @@ Cost: about 2 to 4 s to start on this machine (Python imports dominate).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import signal
@@ -31,8 +36,9 @@ import httpx
 from extproc.config.loader import load_file
 from extproc.config.snapshot import Snapshot
 from extproc.envoy_bin import find_envoy
-from extproc.envoy_render import render_yaml
+from extproc.envoy_render import worker_count
 from extproc.supervisor import Supervisor, die_with_parent
+from extproc.xds import EnvoyAdminAck, XdsWriter, bootstrap_yaml
 
 log = logging.getLogger("adapterctl.up")
 
@@ -114,6 +120,13 @@ class Stack:
     envoy: subprocess.Popen | None = field(default=None, init=False)
     agent_proc: subprocess.Popen | None = field(default=None, init=False)
     envoy_config: str = field(default="", init=False)
+    xds: XdsWriter | None = field(default=None, init=False)  # writes Envoy's live config (extproc.xds)
+    _endpoint_overrides: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict, init=False)
+    _workers: int = field(default=0, init=False)
+
+    @property
+    def envoy_pid(self) -> int | None:
+        return self.envoy.pid if self.envoy is not None else None
 
     @property
     def url(self) -> str:
@@ -136,11 +149,12 @@ class Stack:
             raise
         return self
 
-    def _start(self, snap: Snapshot) -> None:
+    def _apply(self, snap: Snapshot) -> Snapshot:
+        """The stack's own ports and endpoints over a snapshot of the config file (the first one,
+        and every reloaded one the supervisor hands to `self.xds`)."""
         proc = snap.processor
-        workers = self.workers or proc.workers or os.cpu_count() or 1
         processor = proc.model_copy(update={
-            "workers": workers,
+            "workers": self._workers,
             "base_port": self.processor_base_port or proc.base_port,
             "admin_port": self.processor_admin_port or proc.admin_port,
         })
@@ -149,7 +163,14 @@ class Stack:
             listener=snap.listener.model_copy(update={"port": self.listen_port or snap.listener.port}),
             admin=snap.admin.model_copy(update={"port": self.admin_port or snap.admin.port}),
         )
-        overrides: dict[str, tuple[tuple[str, int], ...]] = {}
+        overrides = {n: eps for n, eps in self._endpoint_overrides.items() if n in snap.backends}
+        return snap.with_endpoints(overrides) if overrides else snap
+
+    def _start(self, snap: Snapshot) -> None:
+        workers = self._workers = worker_count(snap, self.workers)
+        snap = self._apply(snap)
+        processor = snap.processor
+        overrides = self._endpoint_overrides
         if self.simulate:
             chosen = set(snap.backends) if self.simulate is True else set(self.simulate)
             for name, backend in snap.backends.items():
@@ -176,17 +197,23 @@ class Stack:
         self.snapshot = snap
         self._start_agent(snap)
 
+        run_dir = Path(self.run_dir or tempfile.mkdtemp(prefix="adapter-gateway-"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.xds = XdsWriter(run_dir / "xds", transform=self._apply)
+        self.xds.write(snap, workers, wait=False)  # Envoy reads these at start; the acks begin once it runs
+
+        kwargs = dict(shutdown_grace=processor.shutdown_grace, log_level=self.log_level, endpoints=overrides,
+                      record_dir=self.record_dir)
+        if "xds" in inspect.signature(Supervisor).parameters:
+            kwargs["xds"] = self.xds  # the supervisor writes Envoy's config after every accepted reload
         self.supervisor = Supervisor(
-            self.config_path, processor.bind_address or processor.address, processor.base_port, workers, processor.admin_port,
-            shutdown_grace=processor.shutdown_grace, log_level=self.log_level, endpoints=overrides,
-            record_dir=self.record_dir,
+            self.config_path, processor.bind_address or processor.address, processor.base_port, workers,
+            processor.admin_port, **kwargs,
         )
         self.supervisor.start()
 
-        run_dir = Path(self.run_dir or tempfile.mkdtemp(prefix="adapter-gateway-"))
-        run_dir.mkdir(parents=True, exist_ok=True)
         self.envoy_config = str(run_dir / "envoy.yaml")
-        Path(self.envoy_config).write_text(render_yaml(snap, workers))
+        Path(self.envoy_config).write_text(bootstrap_yaml(snap, workers, self.xds.dir))
         level = {"debug": "debug", "info": "info"}.get(self.log_level, "warning")
         self.envoy = subprocess.Popen(
             [find_envoy(), "-c", self.envoy_config, "--disable-hot-restart", "--concurrency", str(min(workers, 4)),
@@ -195,6 +222,20 @@ class Stack:
         )
         wait_http(f"{self.admin_url}/ready", 30, self.envoy, "envoy")
         wait_http(f"{self.url}/__adapter_not_a_route__", 10, self.envoy, "envoy listener")
+        ack = EnvoyAdminAck(self.admin_url)
+        rejected = ack.rejected(ack.baseline())
+        if rejected:
+            raise RuntimeError(f"Envoy rejected its initial config from {self.xds.dir}: {', '.join(rejected)}")
+        self.xds.ack = ack
+
+    def reload(self):
+        """Reload the config file: the supervisor's `reload()` result (the new supervisor: `accepted`,
+        `generation`, `digest`, `workers`, `errors`; it writes Envoy's files itself). With a
+        supervisor that does not take `xds=`, the stack then writes them from the file it reloads."""
+        result = self.supervisor.reload()
+        if self.xds is not None and "xds" not in inspect.signature(Supervisor).parameters:
+            self.xds.write(load_file(self.config_path), self._workers)
+        return result
 
     def _start_agent(self, snap: Snapshot) -> None:
         """The tenant agent (cgroups, eBPF CPU and RTT, the snapshot admission reads), before the processor."""
