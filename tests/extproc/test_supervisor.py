@@ -129,9 +129,21 @@ def test_workers_restart_and_stop_cleanly():
     assert not [p for p in pids if alive(p)]
 
 
+class RecordingXds:
+    """Stands in for extproc.xds.XdsWriter: records each write and what the workers served then."""
+
+    def __init__(self):
+        self.sup = None
+        self.writes = []
+
+    def write(self, snap, workers):
+        self.writes.append((snap.generation, workers, self.sup.worker_generations()))
+
+
 def test_one_generation_for_every_worker_through_reload_refusal_and_restart(gateway, caplog):
     base, admin = free_port_block(2), free_port()
-    sup = Supervisor(str(gateway), "127.0.0.1", base, 2, admin, shutdown_grace=1.0)
+    xds = RecordingXds()
+    sup = xds.sup = Supervisor(str(gateway), "127.0.0.1", base, 2, admin, shutdown_grace=1.0, xds=xds)
     sup.start()
     pids = list(sup.pids)
     try:
@@ -157,6 +169,7 @@ def test_one_generation_for_every_worker_through_reload_refusal_and_restart(gate
         assert "adapter_processor_config_accepted_generation 2.0" in metrics
         assert 'adapter_processor_config_reloads_total{result="accepted"} 1.0' in metrics
         assert "adapter_processor_config_generation 2.0" in metrics  # the workers' own gauge still there
+        assert xds.writes == [(1, 2, {0: 1, 1: 1}), (2, 2, {0: 2, 1: 2})]  # Envoy after the workers
 
         # a broken edit: refused once, with file:line, and no worker is told anything
         events = [w.events for w in sup.workers]
@@ -170,7 +183,7 @@ def test_one_generation_for_every_worker_through_reload_refusal_and_restart(gate
         messages = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
         assert len(messages) == 1 and messages[0].startswith(
             f"config reload refused, keeping generation 2 (digest {result.digest}):") and where in messages[0]
-        assert [w.events for w in sup.workers] == events
+        assert [w.events for w in sup.workers] == events and len(xds.writes) == 2  # nobody told
         assert [w["generation"] for w in get_config(admin)["workers"]] == [2, 2]
 
         r = httpx.post(f"http://127.0.0.1:{admin}/reload", timeout=30)
@@ -205,6 +218,7 @@ def test_one_generation_for_every_worker_through_reload_refusal_and_restart(gate
         assert f"worker 0: generation 3 (digest {digest})" in out.stdout
         assert f"worker 1: generation 3 (digest {digest})" in out.stdout
         assert "listAnimals" in [t.name for t in sup.snapshot.routes["tools-petstore"].tools.tools]
+        assert xds.writes[-1] == (3, 2, {0: 3, 1: 3})
     finally:
         pids += sup.pids
         sup.stop()
@@ -223,16 +237,18 @@ def test_a_refused_file_at_start_names_file_and_line(gateway):
     assert "Traceback" not in out.stderr
 
 
-def test_sighup_to_adapterctl_serve_moves_every_worker(gateway):
+def test_sighup_to_adapterctl_serve_moves_every_worker(gateway, tmp_path):
     base, admin = free_port_block(2), free_port()
+    xds = tmp_path / "xds"
     proc = subprocess.Popen([sys.executable, "-m", "extproc", "serve", str(gateway), "--workers", "2",
-                             "--base-port", str(base), "--admin-port", str(admin)],
+                             "--base-port", str(base), "--admin-port", str(admin), "--xds-dir", str(xds)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     pids = [proc.pid]
     try:
         state = poll(lambda: proc.poll() is None and on_generation(admin, 1), timeout=60)
         assert state, proc.poll()
         pids += [w["pid"] for w in state["workers"]]
+        assert state["digest"] in (xds / "rds.yaml").read_text()  # Envoy's routes: the workers' digest
         gateway.write_text(CONFIG.replace("/v1/analyze", "/v1/other"))
         proc.send_signal(signal.SIGHUP)
         state = poll(lambda: on_generation(admin, 2), timeout=20)
@@ -240,6 +256,8 @@ def test_sighup_to_adapterctl_serve_moves_every_worker(gateway):
         digest = load_file(gateway).digest
         assert state["generation"] == 2 and [w["digest"] for w in state["workers"]] == [digest, digest]
         assert [w["pid"] for w in state["workers"]] == pids[1:]  # reloaded in place, not restarted
+        routes = (xds / "rds.yaml").read_text()  # written after the workers acknowledged
+        assert digest in routes and "/v1/other" in routes
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert f"config reload accepted: generation 2 (digest {digest}); workers 0=2 1=2" in proc.stderr.read()
