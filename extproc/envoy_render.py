@@ -40,8 +40,9 @@ from typing import Any
 
 import yaml
 
-from extproc.config.snapshot import (BACKEND_HEADER, DEBUG_METADATA_KEY, HEALTH_ROUTE, ROUTE_METADATA_KEY,
-                                     ROUTE_TARGET_HEADER, TENANT_METADATA_KEY, Backend, Route, Snapshot)
+from extproc.config.snapshot import (BACKEND_HEADER, DEBUG_METADATA_KEY, DESTINATION_HEADER, DIGEST_METADATA_KEY,
+                                     HEALTH_ROUTE, LB_METADATA_NAMESPACE, ROUTE_METADATA_KEY, ROUTE_TARGET_HEADER,
+                                     TENANT_METADATA_KEY, Backend, Route, Snapshot)
 from extproc.types import Phase
 
 PROCESSOR_CLUSTER = "adapter_processor"
@@ -51,10 +52,8 @@ LISTENER_NAME = "adapter_listener"
 ROUTE_CONFIG_NAME = "adapter_routes"
 STAT_PREFIX = "adapter"
 # The GIE endpoint-picker protocol: the processor names the endpoint (ip:port[,ip:port...], first
-# the pick, then fallbacks) in this header and in dynamic metadata envoy.lb/<the same key>.
-DESTINATION_HEADER = "x-gateway-destination-endpoint"
-LB_METADATA_NAMESPACE = "envoy.lb"
-DIGEST_METADATA_KEY = "x-adapter-config-digest"  # gRPC initial metadata: the config Envoy routes by
+# the pick, then fallbacks) in DESTINATION_HEADER and in dynamic metadata envoy.lb/<the same key>;
+# DIGEST_METADATA_KEY carries the config digest Envoy routes by (all defined in config/snapshot.py).
 WORKER_METADATA_KEY = "worker"  # dynamic metadata adapter.worker: which worker served the request
 _T = "type.googleapis.com/"
 

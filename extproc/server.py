@@ -33,10 +33,21 @@ from prometheus_client import CollectorRegistry
 from extproc.config.bundle import bundle_generation, current_bundle, load_bundle, read_manifest
 from extproc.config.loader import ConfigError, load_file
 from extproc.metrics import ProcessorMetrics
+from extproc.feedback import AccessLogFeedback
+from extproc.feedback import add_to_server as add_feedback_service
+from extproc.runtime import Runtime
 from extproc.stream import ConfigRef, ExtProcService
 
 log = logging.getLogger("extproc.worker")
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+STATE_DIR_ENV = "ADAPTER_STATE_DIR"  # where workers share gateway-wide state (the supervisor sets it)
+
+
+async def _sweep(runtime: Runtime, interval: float = 0.5) -> None:
+    """Finish requests whose access-log entry is overdue (the lifecycle's deadline)."""
+    while True:
+        await asyncio.sleep(interval)
+        runtime.lifecycle.sweep()
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,13 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     # Bodies are buffered up to a route's limit; leave room for protobuf framing.
     max_message = max(r.max_body_bytes for r in snapshot.routes.values()) * 2 + (1 << 20)
     server = grpc.aio.server(options=grpc_options(max_message))
-    service = ExtProcService(config, metrics, _recorder(settings.record_dir, settings.index))
+    # Long-lived state (lifecycle, in-flight table, plugins, caches): outlives every snapshot swap.
+    runtime = Runtime(settings.index, state_dir=os.environ.get(STATE_DIR_ENV) or None,
+                      feedback=snapshot.processor.feedback == "accessLog")
+    service = ExtProcService(config, metrics, _recorder(settings.record_dir, settings.index), runtime=runtime)
+    feedback = AccessLogFeedback(runtime.lifecycle, metrics)
+    add_feedback_service(feedback, server)
+    sweeper = asyncio.get_running_loop().create_task(_sweep(runtime))
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
@@ -108,6 +125,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         drain = min(settings.drain_delay, settings.shutdown_grace / 2)
         await asyncio.sleep(drain)
         await server.stop(max(settings.shutdown_grace - drain, 0.0))
+        sweeper.cancel()
         log.info("worker %d stopped", settings.index)
 
 

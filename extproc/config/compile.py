@@ -19,7 +19,8 @@ from typing import Any, Callable
 from backends import adapter_kinds
 from extproc.config.loader import ConfigError, Issue
 from extproc.config.schema import AdapterGateway, split_host_port
-from extproc.config.snapshot import HEALTH_PATH, HEALTH_ROUTE, Backend, Route, Snapshot
+from extproc.config.snapshot import HEALTH_PATH, HEALTH_ROUTE, Backend, PluginRef, Route, Snapshot
+from extproc.kinds import kind_specs
 from extproc.config.yamlsource import SourceMap, format_path
 from extproc.template import WILDCARD, TemplateError, compile_template
 
@@ -65,6 +66,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             implicit=False, adapter=adapter,
         )
 
+    plugins = _compile_plugins(spec.plugins, issue)
     default_model = model_name(spec.model_ref)
     routes: dict[str, Route] = {}
     paths: dict[tuple[str, str], int] = {}
@@ -81,6 +83,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             continue
         paths[key] = i
         kind = r.kind or ("llm" if (r.request or r.transform) else "passthrough")
+        ks = kind_specs()[kind]
         if r.target and r.targets:
             issue(base + ("targets",), "set target or targets, not both")
             continue
@@ -91,19 +94,17 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         if any(b is None for b in resolved):
             continue
         backend = resolved[0]
-        if kind in ("passthrough", "openai", "kserve") and (r.request or r.transform or r.output_schema):
+        if not ks.templates and (r.request or r.transform or r.output_schema):
             issue(base + ("kind",), f"a {kind} route forwards bodies as they are: request, transform and "
                   "outputSchema need kind: llm or tensor")
             continue
-        wanted_api = {"llm": "openai", "openai": "openai", "kserve": "kserve", "tensor": "kserve",
-                      "tool": "rest", "rest": "rest"}.get(kind)
-        wrong = [b.name for b in resolved if wanted_api and b.adapter.api != wanted_api]
+        wrong = [b.name for b in resolved if ks.api and b.adapter.api != ks.api]
         if wrong:
-            issue(base + ("kind",), f"a {kind} route needs {wanted_api} backends; {', '.join(wrong)} "
+            issue(base + ("kind",), f"a {kind} route needs {ks.api} backends; {', '.join(wrong)} "
                   f"speak{'s' if len(wrong) == 1 else ''} another API (see backends[].kind)")
             continue
         tools = mapping = None
-        if kind == "tool":
+        if ks.openapi:
             tools = _load_tools(r.openapi, base, issues)
             if tools is None:
                 continue
@@ -111,22 +112,25 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             issue(base + ("openapi",), "only tool routes read an OpenAPI document")
             continue
         if r.mapping:
-            if kind != "rest":
+            if not ks.mapping:
                 issue(base + ("mapping",), "only rest routes apply a field-mapping file")
                 continue
             mapping = _load_mapping(r.mapping, base, issues)
             if mapping is None:
                 continue
-        if kind in ("llm", "tensor", "tool", "rest") and len(resolved) > 1:
+        if not ks.multi_target and len(resolved) > 1:
             issue(base + ("targets",), f"a {kind} route has one target")
             continue
-        if r.match == "prefix" and kind in ("llm", "tensor"):
+        if r.match == "prefix" and not ks.prefix:
             issue(base + ("match",), f"a {kind} route maps one endpoint: use match: exact")
             continue
         model = r.model or default_model or (backend.models[0] if backend.models else None)
-        if kind in ("llm", "tensor") and model is None:
+        if ks.needs_model and model is None:
             issue(base + ("model",), f"an {kind} route needs a model: set route.model, spec.modelRef or the "
                   "backend's models")
+            continue
+        picker = _route_plugins(r.plugins, base, plugins, resolved, issue)
+        if picker is False:
             continue
         request = _compile(r.request, base + ("request",), issues)
         transform = _compile(r.transform, base + ("transform",), issues)
@@ -143,7 +147,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,
             max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
             tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping,
-            backends=tuple(dict.fromkeys(resolved)),
+            backends=tuple(dict.fromkeys(resolved)), dialect=ks.dialect, picker=picker,
         )
         routes[name] = _with_pipeline(route, build_pipeline, base, issue)
 
@@ -173,8 +177,60 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
     return Snapshot(
         generation=generation, digest=digest, source=smap.filename, spec=gw, model_ref=spec.model_ref,
         listener=spec.listener, admin=spec.admin, processor=spec.processor, backends=backends,
-        routes=routes, tenants=spec.tenants, tenancy=spec.tenancy,
+        routes=routes, tenants=spec.tenants, tenancy=spec.tenancy, plugins=plugins,
     )
+
+
+def _compile_plugins(specs: Any, issue: Any) -> dict[str, PluginRef]:
+    """`spec.plugins`: known types, parameters valid for the type (field paths into `parameters`)."""
+    from pydantic import ValidationError
+
+    from extproc.scheduling import plugin_types
+
+    types = plugin_types()
+    out: dict[str, PluginRef] = {}
+    for i, p in enumerate(specs):
+        base = ("spec", "plugins", i)
+        if p.name in out:
+            issue(base + ("name",), f"duplicate plugin name {p.name!r}")
+            continue
+        cls = types.get(p.type)
+        if cls is None:
+            issue(base + ("type",), f"unknown plugin type {p.type!r} (known: {', '.join(sorted(types))})")
+            continue
+        try:
+            params = cls.Parameters.model_validate(p.parameters)
+        except ValidationError as e:
+            for err in e.errors(include_url=False):
+                loc = tuple(x for x in err["loc"] if isinstance(x, (str, int)))
+                msg = "unknown parameter" if err["type"] == "extra_forbidden" else (
+                    "required parameter is missing" if err["type"] == "missing" else err["msg"])
+                issue(base + ("parameters",) + loc, msg.removeprefix("Value error, "))
+            continue
+        out[p.name] = PluginRef(p.name, p.type, cls.slot, params)
+    return out
+
+
+def _route_plugins(names: Any, base: tuple, plugins: dict[str, PluginRef], targets: list, issue: Any):
+    """The route's picker (None), or False after reporting a bad reference."""
+    picker = None
+    for j, name in enumerate(names):
+        ref = plugins.get(name)
+        where = base + ("plugins", j)
+        if ref is None:
+            issue(where, f"no plugin named {name!r} in spec.plugins (declared: {', '.join(plugins) or 'none'})")
+            return False
+        if ref.slot == "picker":
+            if picker is not None:
+                issue(where, f"route already has picker {picker.name!r}; a route has one picker")
+                return False
+            pinned = getattr(ref.params, "endpoint", None)
+            if pinned is not None and not any(pinned in b.endpoint_ids for b in targets):
+                issue(where, f"plugin {name!r} pins endpoint {pinned}, which is not an endpoint of this route's "
+                      f"backends ({', '.join(e for b in targets for e in b.endpoint_ids)})")
+                return False
+            picker = ref
+    return picker
 
 
 def _with_pipeline(route: Route, build_pipeline: Any, path: tuple, issue: Any) -> Route:
