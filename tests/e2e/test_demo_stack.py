@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.conftest import make_stack
+from tests.e2e.conftest import make_stack, wait_metric
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = REPO / "examples" / "finance-llm-adapter.yaml"
@@ -81,8 +81,10 @@ def test_health_probes_every_backend_over_its_protocol(stack):
 def test_processor_metrics_per_route_and_phase(stack):
     httpx.post(f"{stack.url}/v1/analyze", content=b'{"query":"q"}', timeout=10)
     httpx.post(f"{stack.url}/v1/analyze", content=b'{"query',  timeout=10)
-    text = httpx.get(f"{stack.processor_admin_url}/metrics", timeout=10).text
-    assert 'adapter_processor_requests_total{outcome="ok",route="v1-analyze"}' in text
+    url = f"{stack.processor_admin_url}/metrics"
+    assert wait_metric(url, "adapter_processor_requests_total", 1, route="v1-analyze", outcome="ok") >= 1
+    assert wait_metric(url, "adapter_processor_requests_total", 1, route="v1-analyze", outcome="rejected") >= 1
+    text = httpx.get(url, timeout=10).text
     assert 'adapter_processor_phase_duration_seconds_bucket{le="0.001",phase="request_body",route="v1-analyze"}' in text
     assert 'adapter_processor_errors_total{reason="malformed_json",route="v1-analyze"}' in text
     assert httpx.get(f"{stack.processor_admin_url}/healthz", timeout=5).status_code == 200

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.conftest import REPO
+from tests.e2e.conftest import metric_sum, wait_metric
 
 pytestmark = pytest.mark.e2e
 CONFIG = REPO / "examples" / "inference-backends.yaml"
@@ -35,10 +36,12 @@ def client(stack):
 
 
 def metric(stack, name: str, **labels) -> float:
-    for line in httpx.get(f"{stack.processor_admin_url}/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return metric_sum(f"{stack.processor_admin_url}/metrics", name, **labels)
+
+
+def metric_after(stack, name: str, expected: float, **labels) -> float:
+    """The metric once it reached `expected` (usage is counted when the request's end is reported)."""
+    return wait_metric(f"{stack.processor_admin_url}/metrics", name, expected, **labels)
 
 
 def test_models_lists_what_the_gateway_serves(client):
@@ -51,7 +54,8 @@ def test_requests_go_to_the_backend_serving_the_model(stack, client):
         before = metric(stack, "adapter_processor_tokens_total", backend=backend, model=model, type="completion")
         r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert r.model == model and r.usage.completion_tokens == 3
-        after = metric(stack, "adapter_processor_tokens_total", backend=backend, model=model, type="completion")
+        after = metric_after(stack, "adapter_processor_tokens_total", before + 3, backend=backend, model=model,
+                             type="completion")
         assert after - before == 3  # usage counted per route, backend and model
 
 
@@ -77,7 +81,8 @@ def test_stream_arrives_chunk_by_chunk_and_usage_is_counted(stack, client):
     # 40 tokens at 40 tokens/s: the first token arrives long before the backend produced the last
     assert total > 0.6 and arrivals[1] < total / 4, arrivals
     assert len(text.split()) == 40
-    counted = metric(stack, "adapter_processor_tokens_total", model="llama-3-8b", type="completion") - before
+    counted = metric_after(stack, "adapter_processor_tokens_total", before + 40, model="llama-3-8b",
+                           type="completion") - before
     assert counted == 40  # from the usage chunk the processor asked for and then removed
 
 

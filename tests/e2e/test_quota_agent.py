@@ -15,6 +15,8 @@ import time
 import httpx
 import pytest
 
+from tests.e2e.conftest import wait_metric
+
 pytestmark = pytest.mark.e2e
 WINDOW = 1.0
 MARKER = f"agw-burner-{os.getpid()}"  # the burner's command line names it; the config's pattern finds it
@@ -84,5 +86,5 @@ def test_over_quota_tenant_is_refused_and_recovers(stack):
         burner.wait()
     recovered = wait_for(stack, "busy", 200, 10)
     assert recovered <= 2 * WINDOW + 0.5, f"429s went on for {recovered:.2f}s after the tenant recovered"
-    text = httpx.get(f"{stack.processor_admin_url}/metrics", timeout=5).text
-    assert 'adapter_processor_admission_total{result="rejected",tenant="busy"}' in text
+    assert wait_metric(f"{stack.processor_admin_url}/metrics", "adapter_processor_admission_total", 1,
+                       result="rejected", tenant="busy") >= 1
