@@ -19,7 +19,6 @@ Cost: about 2 to 4 s to start on this machine (Python imports dominate).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import os
 import signal
@@ -202,13 +201,11 @@ class Stack:
         self.xds = XdsWriter(run_dir / "xds", transform=self._apply)
         self.xds.write(snap, workers, wait=False)  # Envoy reads these at start; the acks begin once it runs
 
-        kwargs = dict(shutdown_grace=processor.shutdown_grace, log_level=self.log_level, endpoints=overrides,
-                      record_dir=self.record_dir)
-        if "xds" in inspect.signature(Supervisor).parameters:
-            kwargs["xds"] = self.xds  # the supervisor writes Envoy's config after every accepted reload
+        # the supervisor writes Envoy's config after every accepted reload, once its workers acknowledged
         self.supervisor = Supervisor(
             self.config_path, processor.bind_address or processor.address, processor.base_port, workers,
-            processor.admin_port, **kwargs,
+            processor.admin_port, shutdown_grace=processor.shutdown_grace, log_level=self.log_level,
+            endpoints=overrides, record_dir=self.record_dir, xds=self.xds,
         )
         self.supervisor.start()
 
@@ -229,13 +226,9 @@ class Stack:
         self.xds.ack = ack
 
     def reload(self):
-        """Reload the config file: the supervisor's `reload()` result (the new supervisor: `accepted`,
-        `generation`, `digest`, `workers`, `errors`; it writes Envoy's files itself). With a
-        supervisor that does not take `xds=`, the stack then writes them from the file it reloads."""
-        result = self.supervisor.reload()
-        if self.xds is not None and "xds" not in inspect.signature(Supervisor).parameters:
-            self.xds.write(load_file(self.config_path), self._workers)
-        return result
+        """Reload the config file: the supervisor's `ReloadResult` (`accepted`, `generation`, `digest`,
+        `workers`, `errors`). Workers load the new bundle first, then Envoy's files are rewritten."""
+        return self.supervisor.reload()
 
     def _start_agent(self, snap: Snapshot) -> None:
         """The tenant agent (cgroups, eBPF CPU and RTT, the snapshot admission reads), before the processor."""
