@@ -1,0 +1,223 @@
+"""The shared in-flight table: per-worker files summed by readers, stable keys, restarts, a full table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from extproc.datalayer import inflight
+from extproc.datalayer.inflight import InflightTable, endpoint_key
+from tests.conftest import REPO
+
+EP = "10.0.0.7:8000"
+OTHER = "10.0.0.8:8000"
+
+
+class Clock:
+    """A fake `time` for the module: `monotonic()` returns `now`, moved by the test."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(inflight, "time", SimpleNamespace(monotonic=c.monotonic))
+    return c
+
+
+def bump(table: InflightTable, ep: str, started: int = 0, finished: int = 0) -> None:
+    for _ in range(started):
+        table.started(ep)
+    for _ in range(finished):
+        table.finished(ep)
+
+
+# --- one process -----------------------------------------------------------------------------------
+
+
+def test_private_table_counts_started_minus_finished():
+    t = InflightTable()
+    assert t.directory is None and t.get(EP) == 0
+    bump(t, EP, started=3, finished=1)
+    assert t.get(EP) == 2 and t.own(EP) == 2 and t.get(OTHER) == 0
+
+
+def test_without_directory_tables_are_private_to_each_instance(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a, b = InflightTable(None, 0), InflightTable("", 1)
+    assert a.directory is None and b.directory is None
+    bump(a, EP, started=2)
+    assert a.get(EP) == 2 and b.get(EP) == 0
+    assert list(tmp_path.iterdir()) == []  # no file anywhere
+
+
+def test_count_is_never_negative():
+    t = InflightTable()
+    bump(t, EP, finished=2)
+    assert t.get(EP) == 0
+    bump(t, EP, started=1)
+    assert t.get(EP) == 0  # still one more finish than start
+
+
+# --- workers on one directory ----------------------------------------------------------------------
+
+
+def test_workers_sum_each_others_counts(tmp_path, clock):
+    w0, w1 = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inflight-0.bin", "inflight-1.bin"]
+    assert (tmp_path / "inflight-0.bin").stat().st_size == inflight.SLOTS * 24
+    bump(w0, EP, started=2)
+    bump(w1, EP, started=3, finished=1)
+    bump(w1, OTHER, started=1)
+    assert w0.get(EP) == 4 and w1.get(EP) == 4
+    assert w0.get(OTHER) == 1 and w1.get(OTHER) == 1
+    assert w0.own(EP) == 2 and w1.own(EP) == 2
+    # a request's own increment is visible to the next read in the other worker, no waiting
+    w1.started(EP)
+    assert w0.get(EP) == 5
+    w0.finished(EP)
+    assert w1.get(EP) == 4
+
+
+def test_sum_over_workers_is_never_negative(tmp_path, clock):
+    w0, w1 = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
+    bump(w0, EP, started=1)
+    bump(w1, EP, finished=3)  # e.g. releases for picks counted by a previous run of worker 1
+    assert w0.get(EP) == 0 and w1.get(EP) == 0
+
+
+def test_a_worker_added_later_is_seen_after_the_relisting(tmp_path, clock):
+    w0 = InflightTable(tmp_path, 0)
+    assert w0.get(EP) == 0  # lists the directory now: no peers
+    w2 = InflightTable(tmp_path, 2)
+    bump(w2, EP, started=2)
+    clock.now += 0.5
+    assert w0.get(EP) == 0  # the list is refreshed once a second
+    clock.now += 0.5
+    assert w0.get(EP) == 2
+
+
+def test_other_files_in_the_directory_are_ignored(tmp_path, clock):
+    (tmp_path / "inflight-x.bin").write_bytes(b"\xff" * 64)
+    (tmp_path / "inflight-7.tmp123").write_bytes(b"\xff" * 64)
+    (tmp_path / "notes.txt").write_text("hi")
+    w0 = InflightTable(tmp_path, 0)
+    bump(w0, EP, started=1)
+    assert w0.get(EP) == 1 and w0._peer_indexes() == ()
+
+
+def test_a_replaced_worker_file_resets_that_workers_share(tmp_path, clock):
+    w0, w1 = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
+    bump(w0, EP, started=1)
+    bump(w1, EP, started=4)
+    assert w0.get(EP) == 5
+    ino = (tmp_path / "inflight-1.bin").stat().st_ino
+    w1b = InflightTable(tmp_path, 1)  # worker 1 restarted: a new file, zeroed
+    assert (tmp_path / "inflight-1.bin").stat().st_ino != ino
+    assert w1b.get(EP) == 1  # the restarted worker reads w0's count and its own zero
+    clock.now += 0.9
+    assert w0.get(EP) == 5  # w0 still maps the old file until its once-a-second re-check
+    clock.now += 0.2
+    assert w0.get(EP) == 1  # re-mapped: the old worker's requests ended with it
+    bump(w1b, EP, started=2)
+    assert w0.get(EP) == 3
+
+
+def test_a_removed_worker_file_stops_counting(tmp_path, clock):
+    w0, w1 = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
+    bump(w1, EP, started=2)
+    assert w0.get(EP) == 2
+    os.unlink(tmp_path / "inflight-1.bin")
+    clock.now += 1.5
+    assert w0.get(EP) == 0
+
+
+def test_a_restarted_worker_starts_from_zero_itself(tmp_path, clock):
+    w1 = InflightTable(tmp_path, 1)
+    bump(w1, EP, started=3)
+    again = InflightTable(tmp_path, 1)
+    assert again.own(EP) == 0 and again.get(EP) == 0
+
+
+# --- across processes ------------------------------------------------------------------------------
+
+_CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _python(code: str, hashseed: str) -> str:
+    env = {**_CHILD_ENV, "PYTHONHASHSEED": hashseed}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return out.stdout.strip()
+
+
+def test_keys_agree_across_processes_with_different_hash_seeds():
+    code = ("from extproc.datalayer.inflight import endpoint_key; "
+            f"print(endpoint_key({EP!r}), endpoint_key('[::1]:80'), hash({EP!r}))")
+    a = _python(code, "1").split()
+    b = _python(code, "2").split()
+    assert a[2] != b[2]  # Python's own hash really differs between the two processes
+    assert a[:2] == b[:2] == [str(endpoint_key(EP)), str(endpoint_key("[::1]:80"))]
+
+
+def test_endpoint_key_is_blake2b_and_never_zero():
+    import hashlib
+
+    assert endpoint_key(EP) == int.from_bytes(hashlib.blake2b(EP.encode(), digest_size=8).digest(), "little")
+    assert endpoint_key(EP) != 0 and endpoint_key(EP) != endpoint_key(OTHER)
+    assert 0 < endpoint_key("") < 2 ** 64
+
+
+def test_another_process_counts_are_summed(tmp_path, clock):
+    w0 = InflightTable(tmp_path, 0)
+    bump(w0, EP, started=1)
+    code = ("from extproc.datalayer.inflight import InflightTable\n"
+            f"t = InflightTable({str(tmp_path)!r}, 3)\n"
+            f"for _ in range(4): t.started({EP!r})\n"
+            f"t.finished({EP!r})\n"
+            f"print(t.get({EP!r}))\n")
+    assert _python(code, "12345") == "4"  # the child sees worker 0's count plus its own 3
+    clock.now += 1.0
+    assert w0.get(EP) == 4
+
+
+# --- a full table ----------------------------------------------------------------------------------
+
+
+def test_full_table_makes_started_a_no_op(monkeypatch):
+    # `find` probes SLOTS slots; fewer slots make the table fill with a handful of endpoints
+    monkeypatch.setattr(inflight, "SLOTS", 8)
+    t = InflightTable()
+    eps = [f"10.0.1.{i}:8000" for i in range(8)]
+    for ep in eps:
+        t.started(ep)
+    assert all(t.get(ep) == 1 for ep in eps)
+    t.started("10.0.2.1:8000")  # no free slot: not counted, no error
+    t.finished("10.0.2.1:8000")
+    assert t.get("10.0.2.1:8000") == 0 and t.own("10.0.2.1:8000") == 0
+    t.finished(eps[3])  # the endpoints already there keep counting
+    t.started(eps[5])
+    assert t.get(eps[3]) == 0 and t.get(eps[5]) == 2
+
+
+def test_colliding_keys_probe_to_the_next_slot(monkeypatch):
+    monkeypatch.setattr(inflight, "SLOTS", 4)
+    home = endpoint_key(EP) % 4
+    other = next(ep for ep in (f"10.0.3.{i}:80" for i in range(1000)) if endpoint_key(ep) % 4 == home)
+    t = InflightTable()
+    bump(t, EP, started=2)
+    bump(t, other, started=1)  # same home slot: stored in the next one, counted apart
+    assert t.get(EP) == 2 and t.get(other) == 1
+    assert t._own.find(endpoint_key(EP), insert=False) == home * 24
+    assert t._own.find(endpoint_key(other), insert=False) == ((home + 1) % 4) * 24
+    t.finished(other)
+    assert t.get(EP) == 2 and t.get(other) == 0

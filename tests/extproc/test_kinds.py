@@ -1,0 +1,162 @@
+"""The kind registry: one KindSpec per route kind, and each kind's pipeline phases (= Envoy's round trips)."""
+
+from __future__ import annotations
+
+import shutil
+import typing
+
+import pytest
+
+from extproc.config.loader import load_text
+from extproc.config.schema import RouteKind, RouteSpec
+from extproc.config.snapshot import HEALTH_ROUTE
+from extproc.envoy_render import processing_mode
+from extproc.errors import DIALECTS
+from extproc.kinds import KindSpec, kind_specs
+from extproc.types import Phase
+from tests.conftest import DATA
+
+RH, RB, PH, PB = Phase.REQUEST_HEADERS, Phase.REQUEST_BODY, Phase.RESPONSE_HEADERS, Phase.RESPONSE_BODY
+
+CONFIG = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: kinds}
+spec:
+  modelRef: chat-model
+  backends:
+    - {name: llm, endpoints: ["127.0.0.1:9001"], models: [chat-model]}
+    - {name: tri, kind: triton, endpoints: ["127.0.0.1:9002"], models: [fraud]}
+    - {name: ort, kind: onnxruntime, endpoints: ["127.0.0.1:9003"], models: [fraud-mlp]}
+    - {name: svc, kind: rest, endpoints: ["127.0.0.1:9004"]}
+  routes:
+    - {path: /llm, name: llm, kind: llm, target: llm, transform: '{"x": $.output.x}'}
+    - {path: /pass, name: passthrough, kind: passthrough, target: llm}
+    - {path: /v1/, match: prefix, name: openai, kind: openai, target: llm}
+    - {path: /v2, match: prefix, name: kserve, kind: kserve, target: tri}
+    - {path: /tensor, name: tensor, kind: tensor, target: ort, model: fraud-mlp,
+       request: '{"features": [$.features]}', transform: '{"p": $.output.scores[0][1]}'}
+    - {path: /tools/pets, name: tool, kind: tool, target: svc, openapi: pets.yaml}
+    - {path: /orders, name: rest, kind: rest, target: svc, mapping: orders-mapping.yaml}
+"""
+
+# The table in extproc/kinds.py's docstring, stage by stage and phase by phase.
+STAGES = {
+    "llm": {RH: ["admit", "body-limit"], RB: ["parse-json", "dispatch", "encode-request"],
+            PH: ["decode-response"], PB: ["decode-response"]},
+    "passthrough": {RH: ["admit", "body-limit", "dispatch"]},
+    "openai": {RH: ["admit", "body-limit", "openai-parse", "dispatch"], RB: ["openai-parse", "dispatch"],
+               PB: ["openai-usage"]},
+    "kserve": {RH: ["admit", "body-limit", "kserve-parse", "dispatch"]},
+    "tensor": {RH: ["admit", "body-limit"], RB: ["parse-json", "dispatch", "model-metadata", "encode-request"],
+               PH: ["decode-response"], PB: ["decode-response"]},
+    "tool": {RH: ["admit", "body-limit"], RB: ["tool-call", "dispatch"], PH: ["tool-call"], PB: ["tool-call"]},
+    "rest": {RH: ["admit", "body-limit"], RB: ["parse-json", "dispatch", "encode-request"],
+             PH: ["decode-response"], PB: ["decode-response"]},
+    "health": {RH: ["health"]},
+}
+DIALECT = {"llm": "adapter", "passthrough": "adapter", "openai": "openai", "kserve": "kserve", "tensor": "adapter",
+           "tool": "tool", "rest": "adapter", "health": "adapter"}
+# What Envoy is told per kind (ExtProcPerRoute processing_mode): the round trips a request costs.
+MODES = {
+    "llm": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
+    "passthrough": ("SEND", "SKIP", "NONE", "NONE"),
+    "openai": ("SEND", "SKIP", "BUFFERED", "STREAMED"),
+    "kserve": ("SEND", "SKIP", "NONE", "NONE"),
+    "tensor": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
+    "tool": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
+    "rest": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
+    "health": ("SEND", "SKIP", "NONE", "NONE"),
+}
+
+
+@pytest.fixture(scope="module")
+def snap(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kinds")
+    shutil.copy(DATA / "openapi" / "petstore.yaml", d / "pets.yaml")
+    shutil.copy(DATA / "contract" / "rest-mapping.yaml", d / "orders-mapping.yaml")
+    cfg = d / "gateway.yaml"
+    cfg.write_text(CONFIG)
+    return load_text(CONFIG, str(cfg))
+
+
+def route_of(snap, kind: str):
+    return snap.routes[HEALTH_ROUTE if kind == "health" else kind]
+
+
+def test_every_route_kind_has_a_spec_and_every_spec_a_kind():
+    literals = set(typing.get_args(RouteKind))
+    assert literals == {"llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest"}
+    assert set(kind_specs()) == literals | {"health"}
+    # the schema's field uses that literal (a kind added to one and not the other is caught here)
+    assert typing.get_args(RouteSpec.model_fields["kind"].annotation)[0] is RouteKind
+
+
+def test_specs_are_named_after_their_key_and_use_known_dialects():
+    for name, spec in kind_specs().items():
+        assert isinstance(spec, KindSpec) and spec.name == name
+        assert spec.dialect in DIALECTS
+        assert spec.doc
+
+
+def test_registry_is_read_only():
+    with pytest.raises(TypeError):
+        kind_specs()["new"] = None  # type: ignore[index]
+
+
+def test_the_test_tables_cover_every_kind():
+    assert set(STAGES) == set(DIALECT) == set(MODES) == set(kind_specs())
+
+
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_pipeline_phases_per_kind(snap, kind):
+    route = route_of(snap, kind)
+    assert route.kind == kind
+    assert route.pipeline.phases == frozenset(STAGES[kind])
+
+
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_pipeline_stages_per_phase_in_order(snap, kind):
+    hooks = route_of(snap, kind).pipeline._hooks
+    assert {p: [name for name, _, _ in h] for p, h in hooks.items()} == STAGES[kind]
+
+
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_only_openai_streams_its_response(snap, kind):
+    expected = frozenset({PB}) if kind == "openai" else frozenset()
+    assert route_of(snap, kind).pipeline.streamed == expected
+
+
+@pytest.mark.parametrize("kind", sorted(MODES))
+def test_envoy_processing_mode_per_kind(snap, kind):
+    mode = processing_mode(route_of(snap, kind))
+    assert (mode["request_header_mode"], mode["response_header_mode"], mode["request_body_mode"],
+            mode["response_body_mode"]) == MODES[kind]
+
+
+@pytest.mark.parametrize("kind", sorted(DIALECT))
+def test_dialect_per_kind(snap, kind):
+    assert kind_specs()[kind].dialect == DIALECT[kind]
+    assert route_of(snap, kind).dialect == DIALECT[kind]
+
+
+def test_kind_properties():
+    ks = kind_specs()
+    assert {k for k, s in ks.items() if s.multi_target} == {"openai", "kserve"}
+    assert {k for k, s in ks.items() if s.needs_model} == {"llm", "tensor"}
+    assert {k for k, s in ks.items() if not s.prefix} == {"llm", "tensor", "health"}
+    assert {k for k, s in ks.items() if s.templates} == {"llm", "tensor", "tool", "rest"}
+    assert {k for k, s in ks.items() if s.openapi} == {"tool"}
+    assert {k for k, s in ks.items() if s.mapping} == {"rest"}
+    assert {k: s.api for k, s in ks.items()} == {
+        "llm": "openai", "passthrough": None, "openai": "openai", "kserve": "kserve", "tensor": "kserve",
+        "tool": "rest", "rest": "rest", "health": None}
+
+
+def test_default_kind_is_llm_with_templates_and_passthrough_without():
+    routes = ("  routes:\n    - {path: /a, target: llm, transform: '{\"x\": $.output.x}'}\n"
+              "    - {path: /b, target: llm}\n")
+    text = CONFIG.split("  routes:\n")[0] + routes
+    s = load_text(text)
+    assert s.routes["a"].kind == "llm" and s.routes["b"].kind == "passthrough"
+    assert s.routes["b"].pipeline.phases == frozenset({RH})

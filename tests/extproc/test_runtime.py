@@ -1,0 +1,256 @@
+"""The per-worker Runtime: plugin instances live across reloads (configure, drop, rebuild), caches too."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import extproc.scheduling as scheduling
+from extproc.config.loader import load_text
+from extproc.metrics import ProcessorMetrics
+from extproc.runtime import Runtime
+from extproc.scheduling import Parameters
+from extproc.scheduling.least_in_flight import LeastInFlight
+from extproc.scheduling.pinned_endpoint import PinnedEndpoint
+from extproc.stream import ConfigRef, ExtProcService
+
+HEAD = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: runtime}
+spec:
+  backends:
+    - {name: beta, endpoints: ["127.0.0.1:9001", "127.0.0.1:9002"], models: [m2]}
+  routes:
+    - {path: /v1/, match: prefix, kind: openai, targets: [beta]}
+"""
+
+
+def snap_with(plugins: str, generation: int = 1):
+    text = HEAD + ("  plugins:\n" + plugins if plugins else "")
+    return load_text(text, "rt.yaml", generation)
+
+
+class FakeParameters(Parameters):
+    level: int = 0
+
+
+class FakePlugin:
+    """Records what the runtime does to it."""
+
+    type: ClassVar[str] = "fake"
+    slot: ClassVar[str] = "picker"
+    Parameters: ClassVar[type] = FakeParameters
+    built: ClassVar[list] = []
+
+    def __init__(self, name: str, params: FakeParameters, runtime: Any):
+        self.name, self.params, self.runtime = name, params, runtime
+        self.configured: list[tuple] = []
+        self.closed = 0
+        self.on_configure = None
+        FakePlugin.built.append(self)
+
+    def configure(self, old: FakeParameters, new: FakeParameters) -> None:
+        self.configured.append((old, new))
+        if self.on_configure is not None:
+            self.on_configure()
+        self.params = new
+
+    def pick(self, state, backend, endpoints):
+        return ()
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    real = scheduling.plugin_types()
+    FakePlugin.built = []
+    monkeypatch.setattr(scheduling, "plugin_types", lambda: MappingProxyType({**real, FakePlugin.type: FakePlugin}))
+    return FakePlugin
+
+
+def instances(rt: Runtime) -> dict:
+    return {name: rt.plugin(ref) for name, ref in rt.installed.plugins.items()}
+
+
+# --- install ---------------------------------------------------------------------------------------
+
+
+def test_install_builds_each_declared_plugin_once():
+    snap = snap_with("    - {name: busy, type: least-in-flight}\n"
+                     "    - {name: pin, type: pinned-endpoint, parameters: {endpoint: '127.0.0.1:9001'}}\n")
+    rt = Runtime()
+    rt.install(snap)
+    got = instances(rt)
+    assert isinstance(got["busy"], LeastInFlight) and isinstance(got["pin"], PinnedEndpoint)
+    assert got["busy"].name == "busy" and got["busy"].runtime is rt
+    assert got["pin"].params.endpoint == "127.0.0.1:9001"
+    assert rt.installed is snap
+    rt.install(snap)  # same snapshot again: nothing rebuilt
+    assert instances(rt) == got and all(instances(rt)[n] is got[n] for n in got)
+    # the same instance whichever snapshot's ref asks (a reload of equal text)
+    again = snap_with("    - {name: busy, type: least-in-flight}\n"
+                      "    - {name: pin, type: pinned-endpoint, parameters: {endpoint: '127.0.0.1:9001'}}\n", 2)
+    rt.install(again)
+    assert rt.plugin(again.plugins["busy"]) is got["busy"]
+
+
+def test_install_builds_at_install_not_at_first_use(fake):
+    rt = Runtime()
+    rt.install(snap_with("    - {name: f, type: fake}\n"))
+    assert len(fake.built) == 1
+    rt.plugin(rt.installed.plugins["f"])
+    assert len(fake.built) == 1
+
+
+def test_reload_with_changed_parameters_configures_the_same_instance_keeping_state():
+    rt = Runtime()
+    first = snap_with("    - {name: busy, type: least-in-flight}\n")
+    rt.install(first)
+    inst = rt.plugin(first.plugins["busy"])
+    inst.pick(None, None, ("a:1", "b:1", "c:1"))
+    inst.pick(None, None, ("a:1", "b:1", "c:1"))
+    rr = inst._rr
+    assert rr == 2
+    second = snap_with("    - {name: busy, type: least-in-flight, parameters: {fallbacks: 0}}\n", 2)
+    rt.install(second)
+    assert rt.plugin(second.plugins["busy"]) is inst
+    assert inst.params.fallbacks == 0 and inst._rr == rr
+    assert inst.pick(None, None, ("a:1", "b:1", "c:1")) == ("a:1",)  # the new parameters apply
+
+
+def test_configure_gets_old_and_new_params_only_when_they_changed(fake):
+    rt = Runtime()
+    s1 = snap_with("    - {name: f, type: fake, parameters: {level: 1}}\n")
+    rt.install(s1)
+    (inst,) = fake.built
+    rt.install(snap_with("    - {name: f, type: fake, parameters: {level: 1}}\n", 2))
+    assert inst.configured == []  # equal parameters: nothing to reconfigure
+    s3 = snap_with("    - {name: f, type: fake, parameters: {level: 2}}\n", 3)
+    rt.install(s3)
+    assert inst.configured == [(FakeParameters(level=1), FakeParameters(level=2))]
+    assert fake.built == [inst] and inst.params is s3.plugins["f"].params
+    s4 = snap_with("    - {name: f, type: fake, parameters: {level: 3}}\n", 4)
+    rt.install(s4)
+    assert inst.configured[-1] == (FakeParameters(level=2), FakeParameters(level=3))  # old is the last installed
+
+
+def test_removed_plugin_is_dropped_and_closed(fake):
+    rt = Runtime()
+    rt.install(snap_with("    - {name: f, type: fake}\n    - {name: busy, type: least-in-flight}\n"))
+    (inst,) = fake.built
+    busy = rt.plugin(rt.installed.plugins["busy"])
+    rt.install(snap_with("    - {name: busy, type: least-in-flight}\n", 2))
+    assert inst.closed == 1
+    assert ("f", "fake") not in rt._plugins and ("f", "fake") not in rt._params
+    assert rt.plugin(rt.installed.plugins["busy"]) is busy  # the kept one is untouched
+    rt.install(snap_with("", 3))
+    assert inst.closed == 1 and rt._plugins == {}
+
+
+def test_removed_plugin_without_close_is_just_dropped():
+    rt = Runtime()
+    rt.install(snap_with("    - {name: busy, type: least-in-flight}\n"))
+    rt.install(snap_with("", 2))
+    assert rt._plugins == {} and rt._params == {}
+
+
+def test_type_change_builds_a_new_instance(fake):
+    rt = Runtime()
+    s1 = snap_with("    - {name: p, type: fake}\n")
+    rt.install(s1)
+    (old,) = fake.built
+    s2 = snap_with("    - {name: p, type: least-in-flight}\n", 2)
+    rt.install(s2)
+    new = rt.plugin(s2.plugins["p"])
+    assert isinstance(new, LeastInFlight) and old.closed == 1 and old.configured == []
+    assert list(rt._plugins) == [("p", "least-in-flight")]
+    # and back: a fresh fake, not the closed one
+    s3 = snap_with("    - {name: p, type: fake}\n", 3)
+    rt.install(s3)
+    assert len(fake.built) == 2 and rt.plugin(s3.plugins["p"]) is fake.built[1] is not old
+
+
+def test_renamed_plugin_is_a_new_instance(fake):
+    rt = Runtime()
+    rt.install(snap_with("    - {name: a, type: fake}\n"))
+    rt.install(snap_with("    - {name: b, type: fake}\n", 2))
+    assert len(fake.built) == 2 and fake.built[0].closed == 1 and fake.built[1].name == "b"
+
+
+def test_cache_survives_installs():
+    rt = Runtime()
+    rt.install(snap_with("    - {name: busy, type: least-in-flight}\n"))
+    c = rt.cache("model-metadata")
+    c["m"] = {"inputs": []}
+    rt.install(snap_with("", 2))
+    assert rt.cache("model-metadata") is c and c == {"m": {"inputs": []}}
+    assert rt.cache("other") is not c and rt.cache("other") == {}
+
+
+def test_plugin_for_an_older_snapshot_is_built_on_first_use():
+    rt = Runtime()
+    old = snap_with("    - {name: busy, type: least-in-flight}\n")
+    rt.install(snap_with("", 2))  # the worker moved on; a stream of the older config still asks
+    inst = rt.plugin(old.plugins["busy"])
+    assert isinstance(inst, LeastInFlight) and rt.plugin(old.plugins["busy"]) is inst
+
+
+# --- ConfigRef + ExtProcService --------------------------------------------------------------------
+
+
+def test_swap_installs_in_the_runtime_before_the_snapshot_is_current(fake):
+    s1 = snap_with("    - {name: f, type: fake, parameters: {level: 1}}\n")
+    ref = ConfigRef(s1)
+    rt = Runtime()
+    ExtProcService(ref, ProcessorMetrics(CollectorRegistry()), runtime=rt)
+    assert rt.installed is s1  # the service installs the current snapshot when it starts
+    (inst,) = fake.built
+    seen = []
+    inst.on_configure = lambda: seen.append((ref.current, rt.installed))
+    s2 = snap_with("    - {name: f, type: fake, parameters: {level: 2}}\n", 2)
+    assert s2.digest != s1.digest
+    ref.swap(s2)
+    assert seen == [(s1, s1)]  # configured while streams still saw the old snapshot
+    assert ref.current is s2 and rt.installed is s2 and inst.params.level == 2
+    assert ref.resolve(s1.digest) is s1 and ref.resolve(s2.digest) is s2
+
+
+def test_swap_calls_install_with_the_new_snapshot_before_assignment():
+    s1 = snap_with("")
+    ref = ConfigRef(s1)
+
+    class Recording(Runtime):
+        def install(self, snapshot):
+            calls.append((snapshot, ref.current))
+            super().install(snapshot)
+
+    calls: list = []
+    rt = Recording()
+    ExtProcService(ref, ProcessorMetrics(CollectorRegistry()), runtime=rt)
+    assert calls == [(s1, s1)]
+    s2 = snap_with("    - {name: busy, type: least-in-flight}\n", 2)
+    ref.swap(s2)
+    assert calls[-1] == (s2, s1)
+    assert isinstance(rt.plugin(s2.plugins["busy"]), LeastInFlight)
+
+
+def test_service_does_not_reinstall_a_runtime_already_installed(fake):
+    s1 = snap_with("    - {name: f, type: fake}\n")
+    rt = Runtime()
+    rt.install(s1)
+    ExtProcService(ConfigRef(s1), ProcessorMetrics(CollectorRegistry()), runtime=rt)
+    assert len(fake.built) == 1 and rt.installed is s1
+
+
+def test_service_observer_and_release_are_lifecycle_observers():
+    from extproc.stages.dispatch import release
+
+    rt = Runtime()
+    svc = ExtProcService(ConfigRef(snap_with("")), ProcessorMetrics(CollectorRegistry()), runtime=rt)
+    assert rt.lifecycle.observers[0] is release and svc.observer in rt.lifecycle.observers
