@@ -82,10 +82,8 @@ class AccessLogFeedback:
             self.entries += 1
             if not token:
                 continue
-            late_before = lc.late_entries
-            lc.completed(token, completion)
+            result = lc.completed(token, completion)
             if self.metrics is not None:
-                result = "late" if lc.late_entries != late_before else "matched"
                 self.metrics.feedback_entries.labels(result).inc()
 
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[Any], context: Any) -> Any:  # noqa: N802

@@ -134,20 +134,23 @@ class Lifecycle:
         timeout = state.route.timeout if state.route is not None else 0.0
         self._waiting[state.token] = (now if now is not None else time.monotonic()) + timeout + FEEDBACK_GRACE
 
-    def completed(self, token: str, completion: Completion, now: float | None = None) -> None:
-        """Envoy's access-log entry for `token` arrived."""
+    def completed(self, token: str, completion: Completion, now: float | None = None) -> str:
+        """Envoy's access-log entry for `token` arrived: "matched", "late" (its request was already
+        finished) or "orphan" (a token this worker does not know, kept `ORPHAN_TTL` in case its stream
+        is registered later)."""
         state = self._open.get(token)
         if state is None:
             worker, _, n = token.partition("-")
             if worker == self.worker and n.isdigit() and int(n) < self._next:
                 self.late_entries += 1  # its request was already finished (the deadline passed)
-                return
+                return "late"
             self._orphans[token] = ((now if now is not None else time.monotonic()) + ORPHAN_TTL, completion)
-            return
+            return "orphan"
         state.completion = completion
         if state.stream_end is not None:
             self._waiting.pop(token, None)
             self._finish(state)
+        return "matched"
 
     def sweep(self, now: float | None = None) -> int:
         """Finish requests whose access-log entry is overdue; drop old orphans. Returns how many finished."""

@@ -89,8 +89,8 @@ def parse_openai(path: str, body: dict[str, Any], tenant: str | None = None) -> 
         prompt = body["input"]
     if api == "openai.embeddings" and isinstance(body.get("input"), str):
         prompt = body["input"]
-    max_tokens = _int(body.get("max_completion_tokens")) or _int(body.get("max_tokens")) or \
-        _int(body.get("max_output_tokens"))
+    max_tokens = next((v for v in (_int(body.get(k)) for k in ("max_completion_tokens", "max_tokens",
+                                                                "max_output_tokens")) if v is not None), None)
     return InferenceRequest(
         api=api, model=model if isinstance(model, str) else None,
         messages=tuple(m for m in messages if isinstance(m, dict)) if isinstance(messages, list) else (),

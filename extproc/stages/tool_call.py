@@ -48,6 +48,8 @@ class ToolCall:
         except ToolCallError as e:
             err = e.to_error()
             fields = {k: v for k, v in err.items() if k not in ("status", "code", "message")}
+            if isinstance(doc, dict) and doc.get("jsonrpc") is not None:
+                fields["jsonrpc_id"] = doc.get("id")  # an MCP call gets a JSON-RPC error object
             return reject(e.status, e.code, err.get("message", str(e)), **fields)
         state.attrs["tool_call"] = call
         state.request = InferenceRequest(api="tool", tenant=state.tenant,

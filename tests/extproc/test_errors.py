@@ -187,9 +187,6 @@ spec:
 """
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: extproc/stages/tool_call.py:48-51 never puts `jsonrpc_id` into the "
-                   "Reject's fields, so a refused JSON-RPC (MCP) tools/call gets the adapter error shape, not the "
-                   "JSON-RPC error object extproc/errors.py documents for the tool dialect")
 def test_refused_jsonrpc_tool_call_gets_a_jsonrpc_error(tmp_path):
     shutil.copy(DATA / "openapi" / "petstore.yaml", tmp_path / "pets.yaml")
     cfg = tmp_path / "gateway.yaml"

@@ -217,9 +217,6 @@ def test_entry_of_an_unknown_token_waits_as_an_orphan():
     assert "0-99" in lc._orphans and lc.late_entries == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: extproc/feedback.py:85-89 labels an orphan entry (unknown token) "
-                   "'matched'; adapter_processor_feedback_entries_total documents result=orphan "
-                   "(extproc/metrics.py:24)")
 def test_orphan_entries_are_counted_as_orphans():
     lc = Lifecycle(0, feedback=True)
     metrics = ProcessorMetrics(CollectorRegistry())

@@ -238,9 +238,6 @@ def test_pinned_without_fallback_names_only_the_pin(snap, runtime):
     assert destination(v) == B2 and lb(v) == {DESTINATION_HEADER: B2} and st.endpoint == B2
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: extproc/scheduling/pinned_endpoint.py:45-49 names the pinned endpoint "
-                   "even when the chosen backend does not have it (a multi-target route, another model): the "
-                   "request is steered to (and counted in flight on) an endpoint of another backend")
 def test_pin_of_another_backend_is_not_named(snap, runtime):
     st = new_state(snap, "pinned", runtime)
     v = send(st, "m1")  # served by alpha (127.0.0.1:8001); the pin is beta's
