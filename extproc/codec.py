@@ -72,12 +72,11 @@ def encode(phase: Phase, verdict: Verdict, dialect: str = "adapter", route: str 
     if isinstance(verdict, (Reject, Respond)):
         _immediate(resp, verdict, dialect, route, request_id, metadata)
         return resp
-    if isinstance(verdict, Mutate) and verdict.dynamic_metadata:
-        metadata = dict(metadata or {})
-        for ns, fields in verdict.dynamic_metadata:
-            metadata[ns] = {**metadata.get(ns, {}), **fields}
     if metadata:
-        resp.dynamic_metadata.update(metadata)
+        _set_metadata(resp.dynamic_metadata, metadata)
+    if isinstance(verdict, Mutate) and verdict.dynamic_metadata:
+        for ns, fields in verdict.dynamic_metadata:
+            _set_metadata(resp.dynamic_metadata, {ns: fields})
     part = getattr(resp, phase.value)
     if phase is Phase.REQUEST_TRAILERS or phase is Phase.RESPONSE_TRAILERS:
         part.SetInParent()
@@ -102,6 +101,21 @@ def encode(phase: Phase, verdict: Verdict, dialect: str = "adapter", route: str 
     return resp
 
 
+def _set_metadata(struct: Any, metadata: dict[str, Any]) -> None:
+    """{namespace: {key: str | bool | number}} into a Struct, field by field (no dict conversion)."""
+    for ns, fields in metadata.items():
+        target = struct.fields[ns].struct_value.fields
+        for key, value in fields.items():
+            if isinstance(value, str):
+                target[key].string_value = value
+            elif isinstance(value, bool):
+                target[key].bool_value = value
+            elif isinstance(value, (int, float)):
+                target[key].number_value = value
+            else:
+                target[key].string_value = str(value)
+
+
 def _header_mutation(hm: Any, verdict: Mutate) -> None:
     for key, value in verdict.set_headers:
         opt = hm.set_headers.add()
@@ -114,9 +128,9 @@ def _header_mutation(hm: Any, verdict: Mutate) -> None:
 
 def _immediate(resp: Any, verdict: Reject | Respond, dialect: str, route: str | None, request_id: str,
                metadata: dict[str, dict[str, Any]] | None) -> None:
-    md = dict(metadata or {})
-    md[METADATA_NAMESPACE] = {**md.get(METADATA_NAMESPACE, {}), "processor_reply": True}
-    resp.dynamic_metadata.update(md)
+    if metadata:
+        _set_metadata(resp.dynamic_metadata, metadata)
+    _set_metadata(resp.dynamic_metadata, {METADATA_NAMESPACE: {"processor_reply": True}})
     ir = resp.immediate_response
     ir.status.code = verdict.status
     ir.details = verdict.reason

@@ -27,45 +27,40 @@ from extproc.lifecycle import Completion, Lifecycle
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "envoy.service.accesslog.v3.AccessLogService"
-_FLAG_NAMES: tuple[str, ...] = ()
-
-
-def _flags(rf: Any) -> frozenset[str]:
-    global _FLAG_NAMES
-    if not _FLAG_NAMES:
-        _FLAG_NAMES = tuple(f.name for f in rf.DESCRIPTOR.fields if f.type == f.TYPE_BOOL)
-    return frozenset(name for name in _FLAG_NAMES if getattr(rf, name))
-
-
 def _seconds(d: Any) -> float:
     return d.seconds + d.nanos / 1e9
 
 
 def completion_of(entry: Any) -> tuple[str | None, Completion]:
-    """(token, Completion) of one HTTPAccessLogEntry."""
-    common = entry.common_properties
-    token = None
-    md = common.metadata.filter_metadata.get("adapter")
-    if md is not None:
-        value = md.fields.get("token")
-        if value is not None:
-            token = value.string_value
-    upstream = None
-    if common.HasField("upstream_remote_address"):
-        sa = common.upstream_remote_address.socket_address
-        if sa.address:
-            upstream = f"[{sa.address}]:{sa.port_value}" if ":" in sa.address else f"{sa.address}:{sa.port_value}"
-    return token, Completion(
-        status=entry.response.response_code.value if entry.response.HasField("response_code") else 0,
-        upstream=upstream,
-        cluster=common.upstream_cluster or None,
-        flags=_flags(common.response_flags) if common.HasField("response_flags") else frozenset(),
-        first_upstream_byte=_seconds(common.time_to_first_upstream_rx_byte)
-        if common.HasField("time_to_first_upstream_rx_byte") else None,
-        last_downstream_byte=_seconds(common.time_to_last_downstream_tx_byte)
-        if common.HasField("time_to_last_downstream_tx_byte") else None,
-        duration=_seconds(common.duration) if common.HasField("duration") else None,
-    )
+    """(token, Completion) of one HTTPAccessLogEntry (only the fields Envoy set are visited)."""
+    token = upstream = cluster = first = last = duration = None
+    flags: frozenset[str] = frozenset()
+    for field, value in entry.common_properties.ListFields():
+        name = field.name
+        if name == "metadata":
+            md = value.filter_metadata.get("adapter")
+            if md is not None:
+                t = md.fields.get("token")
+                if t is not None:
+                    token = t.string_value
+        elif name == "upstream_remote_address":
+            sa = value.socket_address
+            if sa.address:
+                upstream = f"[{sa.address}]:{sa.port_value}" if ":" in sa.address else f"{sa.address}:{sa.port_value}"
+        elif name == "upstream_cluster":
+            cluster = value or None
+        elif name == "time_to_first_upstream_rx_byte":
+            first = _seconds(value)
+        elif name == "time_to_last_downstream_tx_byte":
+            last = _seconds(value)
+        elif name == "duration":
+            duration = _seconds(value)
+        elif name == "response_flags":
+            flags = frozenset(f.name for f, v in value.ListFields() if v is True)
+    response = entry.response
+    status = response.response_code.value if response.HasField("response_code") else 0
+    return token, Completion(status=status, upstream=upstream, cluster=cluster, flags=flags,
+                             first_upstream_byte=first, last_downstream_byte=last, duration=duration)
 
 
 class AccessLogFeedback:
@@ -75,16 +70,19 @@ class AccessLogFeedback:
         self.entries = 0
 
     def handle(self, message: Any) -> None:
-        """One StreamAccessLogsMessage: every HTTP entry to the lifecycle."""
+        """One StreamAccessLogsMessage: every HTTP entry to the lifecycle (metrics counted per message)."""
         lc = self.lifecycle
+        results: dict[str, int] = {}
         for entry in message.http_logs.log_entry:
             token, completion = completion_of(entry)
             self.entries += 1
             if not token:
                 continue
             result = lc.completed(token, completion)
-            if self.metrics is not None:
-                self.metrics.feedback_entries.labels(result).inc()
+            results[result] = results.get(result, 0) + 1
+        if self.metrics is not None:
+            for result, n in results.items():
+                self.metrics.feedback_entries.labels(result).inc(n)
 
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[Any], context: Any) -> Any:  # noqa: N802
         from envoy.service.accesslog.v3 import als_pb2
