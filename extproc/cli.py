@@ -71,6 +71,8 @@ def cmd_render_envoy(args: argparse.Namespace) -> int:
     from extproc.envoy_render import render_yaml
 
     snap = load_file(args.file)
+    if args.xds_dir:
+        return _render_dynamic(args, snap)
     text = render_yaml(snap, args.workers)
     out = args.output
     if out and out != "-":
@@ -86,6 +88,31 @@ def cmd_render_envoy(args: argparse.Namespace) -> int:
             os.close(fd)
         ok, output = envoy_validate(target)
         print(f"envoy --mode validate: {'OK' if ok else 'REJECTED'}", file=sys.stderr)
+        if not ok:
+            print(output, file=sys.stderr)
+            return 1
+    return 0
+
+
+def _render_dynamic(args: argparse.Namespace, snap) -> int:
+    """`render-envoy --xds-dir DIR`: a bootstrap whose listener, routes, clusters and endpoints come
+    from files in DIR, plus those files; `adapterctl serve --xds-dir DIR` keeps them current."""
+    from extproc.xds import XdsWriter, bootstrap_yaml, envoy_validate, render_bootstrap
+
+    xds_dir = Path(args.xds_dir).resolve()
+    xds_dir.mkdir(parents=True, exist_ok=True)
+    XdsWriter(xds_dir).write(snap, args.workers, wait=False)
+    text = bootstrap_yaml(snap, args.workers, xds_dir)
+    out = args.output
+    if out and out != "-":
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    if args.check:
+        ok, output = envoy_validate(render_bootstrap(snap, args.workers, xds_dir), xds_dir)
+        print(f"envoy --mode validate (bootstrap with {xds_dir} inlined): {'OK' if ok else 'REJECTED'}",
+              file=sys.stderr)
         if not ok:
             print(output, file=sys.stderr)
             return 1
@@ -320,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", help="output file (default: stdout)")
     s.add_argument("--workers", type=int, help="processor workers (default: config, else CPU count)")
     s.add_argument("--check", action="store_true", help="also run `envoy --mode validate` on the result")
+    s.add_argument("--xds-dir", metavar="DIR", help="a bootstrap reading listener, routes, clusters and endpoints "
+                   "from files in DIR (written too), for `adapterctl serve --xds-dir DIR` to keep current")
     s.set_defaults(fn=cmd_render_envoy)
 
     s = sub.add_parser("serve", help="run the processor (supervisor and workers) in the foreground")

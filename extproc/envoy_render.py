@@ -381,7 +381,8 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
         hcm["route_config"] = route_configuration(snap)
     else:
         hcm["rds"] = {"route_config_name": ROUTE_CONFIG_NAME, "config_source": rds}
-    hcm["access_log"] = access_loggers(workers)
+    if proc.feedback == "accessLog":  # how each request's end reaches its worker (extproc/feedback.py)
+        hcm["access_log"] = access_loggers(workers)
     hcm["http_filters"] = _jwt_filters(tenancy) + [
         {"name": EXT_PROC, "typed_config": {
             "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",

@@ -42,7 +42,7 @@ TIMEOUT_FLAGS = frozenset({"upstream_request_timeout", "stream_idle_timeout", "d
                            "upstream_max_stream_duration_reached"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Completion:
     """What Envoy's access log reported at the end of a request (times in seconds from its start)."""
 

@@ -190,7 +190,7 @@ class ExtProcService:
                     if (phase is last_phase and (msg.end_of_stream or phase is not Phase.RESPONSE_BODY)) or \
                             (isinstance(verdict, Mutate) and verdict.skip_body and phase is Phase.RESPONSE_HEADERS):
                         state.attrs["_complete"] = True
-                metadata = lifecycle.metadata(state) if not state.token_sent else None
+                metadata = lifecycle.metadata(state) if not state.token_sent and lifecycle.feedback else None
                 resp = codec.encode(phase, verdict, dialect, label, state.request_id, metadata)
                 dt = time.perf_counter() - t0
                 busy += dt

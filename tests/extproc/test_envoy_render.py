@@ -201,3 +201,23 @@ def test_yaml_quotes_what_envoy_would_read_as_a_bool_or_number(write_config, tmp
     out.write_text(text)
     ok, output = envoy_validate(str(out))
     assert ok, output
+
+
+def test_feedback_stream_renders_no_access_loggers(write_config):
+    text = BRIEF_EXAMPLE.read_text().replace("spec:\n", "spec:\n  processor: {feedback: stream}\n", 1)
+    boot = render(load_file(write_config(text)), workers=2)
+    hcm, _ = routes_of(boot)
+    assert "access_log" not in hcm  # nothing would read them: on_done comes from the stream alone
+
+
+def test_render_envoy_xds_dir_writes_a_live_bootstrap_and_its_files(tmp_path, capsys):
+    out, xds = tmp_path / "envoy.yaml", tmp_path / "xds"
+    assert main(["render-envoy", str(REPO / "examples" / "inference-backends.yaml"), "--workers", "2",
+                 "--xds-dir", str(xds), "-o", str(out), "--check"]) == 0
+    assert "OK" in capsys.readouterr().err
+    boot = yaml.safe_load(out.read_text())
+    dyn = boot["dynamic_resources"]
+    assert dyn["lds_config"]["path_config_source"]["path"] == str(xds / "lds.yaml")
+    assert dyn["cds_config"]["path_config_source"]["path"] == str(xds / "cds.yaml")
+    assert {"lds.yaml", "rds.yaml", "cds.yaml"} <= {p.name for p in xds.iterdir()}
+    assert "static_resources" in boot and "listeners" not in boot["static_resources"]
