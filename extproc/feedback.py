@@ -82,7 +82,7 @@ class AccessLogFeedback:
             results[result] = results.get(result, 0) + 1
         if self.metrics is not None:
             for result, n in results.items():
-                self.metrics.feedback_entries.labels(result).inc(n)
+                self.metrics.feedback_entries.labels(result).inc(n)  # once per message, not per entry
 
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[Any], context: Any) -> Any:  # noqa: N802
         from envoy.service.accesslog.v3 import als_pb2

@@ -37,7 +37,7 @@ class PipelineError(ValueError):
 class Pipeline:
     """Stages bound per phase. Immutable after construction; shared by all streams of a route."""
 
-    __slots__ = ("stages", "_hooks", "streamed", "_starts", "_dones")
+    __slots__ = ("stages", "_hooks", "streamed", "_starts", "_dones", "last")
 
     def __init__(self, stages: Iterable[Any]):
         self.stages = tuple(stages)
@@ -66,6 +66,7 @@ class Pipeline:
         # Body phases some stage wants chunk by chunk (`streams = (Phase.RESPONSE_BODY,)` on the
         # stage class) instead of buffered whole: Envoy's STREAMED mode, for SSE.
         self.streamed = frozenset(p for stage in self.stages for p in getattr(stage, "streams", ()))
+        self.last = self.last_phase()
 
     @property
     def phases(self) -> frozenset[Phase]:

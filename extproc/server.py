@@ -43,11 +43,13 @@ SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 STATE_DIR_ENV = "ADAPTER_STATE_DIR"  # where workers share gateway-wide state (the supervisor sets it)
 
 
-async def _sweep(runtime: Runtime, interval: float = 0.5) -> None:
-    """Finish requests whose access-log entry is overdue (the lifecycle's deadline)."""
+async def _sweep(runtime: Runtime, service: ExtProcService, interval: float = 0.25) -> None:
+    """Finish requests whose access-log entry is overdue (the lifecycle's deadline); write the
+    buffered metric updates."""
     while True:
         await asyncio.sleep(interval)
         runtime.lifecycle.sweep()
+        service.flush_metrics()
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     service = ExtProcService(config, metrics, _recorder(settings.record_dir, settings.index), runtime=runtime)
     feedback = AccessLogFeedback(runtime.lifecycle, metrics)
     add_feedback_service(feedback, server)
-    sweeper = asyncio.get_running_loop().create_task(_sweep(runtime))
+    sweeper = asyncio.get_running_loop().create_task(_sweep(runtime, service))
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
@@ -126,6 +128,8 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         await asyncio.sleep(drain)
         await server.stop(max(settings.shutdown_grace - drain, 0.0))
         sweeper.cancel()
+        runtime.lifecycle.sweep(now=float("inf"))  # requests still waiting for Envoy's entry end here
+        service.flush_metrics()
         log.info("worker %d stopped", settings.index)
 
 

@@ -30,13 +30,15 @@ from extproc import codec
 from extproc.config.snapshot import (DEBUG_METADATA_KEY, DIGEST_METADATA_KEY, ROUTE_METADATA_KEY,
                                      TENANT_METADATA_KEY)
 from extproc.errors import reject
-from extproc.metrics import ProcessorMetrics
+from extproc.metrics import Pending, ProcessorMetrics
 from extproc.runtime import Runtime
 from extproc.types import Mutate, Outcome, Phase, Reject, RequestState, Respond
 
 log = logging.getLogger(__name__)
 
 KEEP_SNAPSHOTS = 4  # recent snapshots kept for streams from Envoy routes of an older digest
+_RESPONSE_HEADERS = Phase.RESPONSE_HEADERS  # module constants: an enum member lookup costs ~0.4 us
+_RESPONSE_BODY = Phase.RESPONSE_BODY
 
 
 class ConfigRef:
@@ -72,10 +74,12 @@ class ConfigRef:
 
 
 class RequestObserver:
-    """Lifecycle observer: the per-request metrics, counted once when the request ends."""
+    """Lifecycle observer: the per-request metrics, counted once when the request ends (buffered in
+    `pending`, written to the shared metrics by `flush`)."""
 
     def __init__(self, metrics: ProcessorMetrics):
         self.metrics = metrics
+        self.pending = Pending()
         self._children: dict[tuple, Any] = {}
 
     def child(self, metric: Any, *labels: str) -> Any:
@@ -87,30 +91,31 @@ class RequestObserver:
 
     def __call__(self, state: RequestState, outcome: Outcome) -> None:
         m = self.metrics
+        pending = self.pending
         route = state.route
         label = route.name if route is not None else "unknown"
-        self.child(m.requests, label, outcome.value).inc()
+        pending.inc(self.child(m.requests, label, outcome.value))
         if route is None:
             return
         tenants = state.snapshot.tenants_by_id
         if state.tenant in tenants:
             result = ("rejected" if state.reply_code == "tenant_over_quota"
                       else "stale" if state.quota_stale else "admitted")
-            self.child(m.admission, state.tenant, result).inc()
+            pending.inc(self.child(m.admission, state.tenant, result))
         c = state.completion
         if c is not None and c.first_upstream_byte is not None and state.backend is not None:
-            self.child(m.upstream_first_byte, label, state.backend).observe(c.first_upstream_byte)
+            pending.observe(self.child(m.upstream_first_byte, label, state.backend), c.first_upstream_byte)
         usage = state.usage
         if usage is not None:
             backend = state.backend or "none"
             model = state.attrs.get("model") or route.model or "unknown"
             tenant = state.tenant if state.tenant in tenants else "none"  # never a client-chosen label value
             if usage.prompt_tokens:
-                self.child(m.tokens, label, backend, model, tenant, "prompt").inc(usage.prompt_tokens)
+                pending.inc(self.child(m.tokens, label, backend, model, tenant, "prompt"), usage.prompt_tokens)
             if usage.completion_tokens:
-                self.child(m.tokens, label, backend, model, tenant, "completion").inc(usage.completion_tokens)
+                pending.inc(self.child(m.tokens, label, backend, model, tenant, "completion"), usage.completion_tokens)
             if usage.batch_size:
-                self.child(m.batch_size, label, backend, model).observe(usage.batch_size)
+                pending.observe(self.child(m.batch_size, label, backend, model), usage.batch_size)
 
 
 class ExtProcService:
@@ -128,6 +133,11 @@ class ExtProcService:
         # traffic for replay tests (`adapterctl serve --record-dir`); None costs one check per message.
         self.recorder = recorder
         self._child = self.observer.child
+        self._pending = self.observer.pending
+
+    def flush_metrics(self) -> None:
+        """Write the buffered metric updates (the worker does every 250 ms; tests before reading)."""
+        self._pending.flush()
 
     async def Process(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
         route_name = debug = request_id = tenant = digest = None
@@ -147,7 +157,7 @@ class ExtProcService:
         refusal: Reject | None = None
         if snap is None:
             snap = self.config.current
-            self._child(self.metrics.config_mismatch).inc()
+            self._pending.inc(self._child(self.metrics.config_mismatch))
             refusal = reject(503, "config_mismatch",
                              f"Envoy's route {route_name!r} comes from config digest {digest}; this processor worker "
                              f"runs generation {snap.generation} (digest {snap.digest}) and knows "
@@ -167,8 +177,9 @@ class ExtProcService:
         dialect = route.dialect if route is not None else "adapter"
         label = route.name if route is not None else "unknown"
         pipeline = route.pipeline if route is not None else None
-        last_phase = pipeline.last_phase() if pipeline is not None else None
+        last_phase = pipeline.last if pipeline is not None else None
         m = self.metrics
+        pending = self._pending
         m.streams_active.inc()
         busy = 0.0
         how = "end"
@@ -182,25 +193,25 @@ class ExtProcService:
                 if refusal is not None:
                     verdict: Any = refusal
                 else:
-                    if phase is Phase.RESPONSE_HEADERS and msg.headers:
+                    if phase is _RESPONSE_HEADERS and msg.headers:
                         state.response_status = int(msg.headers.get(":status", "0") or 0)
-                    elif phase is Phase.RESPONSE_BODY and state.first_byte is None:
+                    elif phase is _RESPONSE_BODY and state.first_byte is None:
                         state.first_byte = time.monotonic()
                     verdict = await pipeline.run(state, msg)
-                    if (phase is last_phase and (msg.end_of_stream or phase is not Phase.RESPONSE_BODY)) or \
-                            (isinstance(verdict, Mutate) and verdict.skip_body and phase is Phase.RESPONSE_HEADERS):
+                    if (phase is last_phase and (msg.end_of_stream or phase is not _RESPONSE_BODY)) or \
+                            (phase is _RESPONSE_HEADERS and isinstance(verdict, Mutate) and verdict.skip_body):
                         state.attrs["_complete"] = True
                 metadata = lifecycle.metadata(state) if not state.token_sent and lifecycle.feedback else None
                 resp = codec.encode(phase, verdict, dialect, label, state.request_id, metadata)
                 dt = time.perf_counter() - t0
                 busy += dt
-                self._child(m.phase_duration, label, phase.value).observe(dt)
+                pending.observe(self._child(m.phase_duration, label, phase.value), dt)
                 yield resp
                 if isinstance(verdict, (Reject, Respond)):
                     state.reply_status = verdict.status
                     state.reply_code = verdict.reason
                     if isinstance(verdict, Reject):
-                        self._child(m.errors, label, verdict.code).inc()
+                        pending.inc(self._child(m.errors, label, verdict.code))
                     state.attrs["_complete"] = True
                     return
         except asyncio.CancelledError:
@@ -214,5 +225,5 @@ class ExtProcService:
             raise
         finally:
             m.streams_active.dec()
-            self._child(m.request_duration, label).observe(busy)
+            pending.observe(self._child(m.request_duration, label), busy)
             lifecycle.stream_ended(state, how)

@@ -161,6 +161,7 @@ async def test_processor_rejection_counts_rejected_once_even_with_a_late_entry()
     svc.runtime.lifecycle.completed(token, Completion(status=400))
     svc.runtime.lifecycle.completed(token, Completion(status=400))
     assert [o for v in rec.done.values() for o in v] == [Outcome.REJECTED]
+    svc.flush_metrics()
     assert registry.get_sample_value("adapter_processor_requests_total",
                                      {"route": "v1-analyze", "outcome": "rejected"}) == 1
 
@@ -171,6 +172,7 @@ async def test_backend_500_is_a_backend_error_not_ok():
     status = next(h for h in reqs[2].response_headers.headers.headers if h.key == ":status")
     status.raw_value = b"500"
     await run_stream(svc, "v1-analyze", reqs[:3], "eof")
+    svc.flush_metrics()
     assert registry.get_sample_value("adapter_processor_requests_total",
                                      {"route": "v1-analyze", "outcome": "backend_error"}) == 1
     assert registry.get_sample_value("adapter_processor_requests_total",

@@ -41,7 +41,7 @@ async def service():
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.ExternalProcessorStub(channel)
-    yield stub, registry, svc
+    yield stub, _Flushed(registry, svc), svc
     await channel.close()
     await server.stop(0)
 
@@ -62,6 +62,17 @@ async def replay(stub, route: str, requests, debug: str = "") -> list[pb.Process
     while await call.read() is not grpc.aio.EOF:  # the handler has returned (and counted) after EOF
         pass
     return replies
+
+
+class _Flushed:
+    """The registry as a scrape sees it: the service's buffered updates written first."""
+
+    def __init__(self, registry, svc):
+        self.registry, self.svc = registry, svc
+
+    def get_sample_value(self, name, labels=None):
+        self.svc.flush_metrics()
+        return self.registry.get_sample_value(name, labels)
 
 
 def sample(registry, name, **labels) -> float:
