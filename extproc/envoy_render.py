@@ -353,9 +353,8 @@ def access_loggers(workers: int) -> list[dict[str, Any]]:
                 "transport_api_version": "V3",
                 "grpc_service": {"envoy_grpc": {"cluster_name": f"{ALS_CLUSTER_PREFIX}{i}"}},
                 "buffer_flush_interval": "0.02s",
-                "buffer_size_bytes": 16384,
+                "buffer_size_bytes": 65536,
             },
-            "additional_request_headers_to_log": [DESTINATION_HEADER],
         },
     } for i in range(workers)]
 
@@ -399,6 +398,9 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
             "mutation_rules": {"allow_all_routing": True},
             # adapter: our own (worker, processor_reply); envoy.lb: the endpoint pick (override_host)
             "metadata_options": {"receiving_namespaces": {"untyped": ["adapter", LB_METADATA_NAMESPACE]}},
+            # the endpoint that served, with the response headers (routes that read them learn their
+            # request's end from the stream; the others from the access log)
+            "response_attributes": ["upstream.address", "response.code"],
         }},
         {"name": "envoy.filters.http.router", "typed_config": {
             "@type": _T + "envoy.extensions.filters.http.router.v3.Router"}},

@@ -1,25 +1,28 @@
 """The request lifecycle: `on_start` when a stream opens, `on_done(state, outcome)` exactly once.
 
 What: `Lifecycle` (one per worker, in the `Runtime`) registers each request when its ext_proc stream
-opens (a token unique to this worker, sent to Envoy as dynamic metadata `adapter.token` and
-`adapter.worker` in the first reply) and fires the route pipeline's `on_done` hooks and the
-runtime's observers (metrics, in-flight release) exactly once, with a typed `Outcome`, when:
-- feedback is on (the default behind our Envoy config): both the stream has ended and Envoy's
-  access-log entry for the token has arrived (`extproc/feedback.py`: gRPC ALS, one logger per
-  worker filtered on `adapter.worker`, so each worker receives its own requests' entries). The entry
-  brings what the stream cannot see on routes whose stream ends at request headers: the final
-  status, response flags (client reset, upstream timeout), the endpoint that served, upstream
-  timings and time to first byte. If it does not come within the route timeout plus
-  `FEEDBACK_GRACE` after the stream ended, `on_done` fires from what the stream saw (`source`
-  `deadline`);
-- feedback is off, or Envoy never got the token (a stream reset before the first reply): when
-  the stream ends, from what the stream saw (`source` `stream`).
+opens and fires the route pipeline's `on_done` hooks and the runtime's observers (metrics,
+in-flight release) exactly once, with a typed `Outcome`, when the request's end is known:
+- routes whose pipeline reads a response phase (llm, tensor, tool, rest, openai) and requests the
+  processor answered itself: when the stream ends. The first response message carries the status
+  and the endpoint that served (the filter's `response_attributes`: `response.code`,
+  `upstream.address`), its arrival is the time to first byte, and a stream that ends before the
+  phases the pipeline asked for were seen is a client that went away (`source` `stream`);
+- routes whose stream ends at request headers (passthrough, kserve), with feedback on (the
+  default): when both the stream has ended and Envoy's access-log entry for the request's token
+  has arrived (`extproc/feedback.py`: gRPC ALS, one logger per worker filtered on the metadata
+  `adapter.worker` that only these requests carry, with `adapter.token`). The entry brings the
+  final status, response flags (client reset, upstream timeout), the endpoint that served,
+  upstream timings and time to first byte. If it does not come within the route timeout plus
+  `FEEDBACK_GRACE` after the stream ended, `on_done` fires from what the stream saw (`deadline`);
+- feedback off (`processor.feedback: stream`), or Envoy never got the token (a stream reset before
+  the first reply): when the stream ends, from what the stream saw.
 Why: SLO windows, canary judgement, concurrency permits and in-flight counters all need one
 reliable end per request, including the requests the processor never sees end (GIE's in-flight
 load releases "when a response completes or the request is aborted"); mitmproxy's rule that a flow
 gets either an error or a response event, never both.
-Cost: a dict insert and pop per request, one timer sweep per second; the derivation is a few
-comparisons. The access-log entry's parse is counted in `extproc/feedback.py`.
+Cost: a dict insert and pop per request, one timer sweep every 250 ms; the derivation is a few
+comparisons. Only headers-only routes cost an access-log entry (`extproc/feedback.py`).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Completion:
     first_upstream_byte: float | None = None  # time to the first byte from the upstream (TTFB/TTFT)
     last_downstream_byte: float | None = None  # time to the last byte sent to the client
     duration: float | None = None
+    source: str = "envoy"  # "envoy" (its access log) or "stream" (what the ext_proc stream saw)
 
 
 def derive_outcome(state: RequestState, completion: Completion | None) -> Outcome:
@@ -64,9 +68,11 @@ def derive_outcome(state: RequestState, completion: Completion | None) -> Outcom
             return Outcome.TIMEOUT
     if state.observed is not None:
         return state.observed
-    if completion is None and state.stream_end == "cancelled" and state.reply_status is None \
+    if completion is None and state.stream_end in ("cancelled", "end") and state.reply_status is None \
             and not _saw_everything(state):
-        return Outcome.CANCELLED  # reset before the processor saw the end it asked for: the client left
+        # the stream ended (reset or closed) before the processor saw the end it asked for: Envoy
+        # abandoned the request, which it does when the client goes away
+        return Outcome.CANCELLED
     status = completion.status if completion is not None else None
     if not status:
         status = state.reply_status or state.response_status
@@ -172,6 +178,12 @@ class Lifecycle:
         self._open.pop(state.token, None)
         outcome = derive_outcome(state, state.completion)
         state.outcome = outcome
+        if state.completion is None and state.first_byte is not None:
+            # a route that reads the response learned its end from the stream
+            state.completion = Completion(
+                status=state.response_status or 0, upstream=state.served,
+                first_upstream_byte=state.first_byte - state.started, source="stream",
+                duration=time.monotonic() - state.started)
         self.done_count += 1
         if state.route is not None and state.route.pipeline is not None:
             state.route.pipeline.done(state, outcome)

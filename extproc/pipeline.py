@@ -37,7 +37,7 @@ class PipelineError(ValueError):
 class Pipeline:
     """Stages bound per phase. Immutable after construction; shared by all streams of a route."""
 
-    __slots__ = ("stages", "_hooks", "streamed", "_starts", "_dones", "last")
+    __slots__ = ("stages", "_hooks", "streamed", "_starts", "_dones", "last", "reads_response")
 
     def __init__(self, stages: Iterable[Any]):
         self.stages = tuple(stages)
@@ -67,6 +67,9 @@ class Pipeline:
         # stage class) instead of buffered whole: Envoy's STREAMED mode, for SSE.
         self.streamed = frozenset(p for stage in self.stages for p in getattr(stage, "streams", ()))
         self.last = self.last_phase()
+        # the stream sees the response (status, served endpoint, end) when some stage reads it
+        self.reads_response = bool(self._hooks.keys() & {Phase.RESPONSE_HEADERS, Phase.RESPONSE_BODY,
+                                                        Phase.RESPONSE_TRAILERS})
 
     @property
     def phases(self) -> frozenset[Phase]:

@@ -178,6 +178,7 @@ class ExtProcService:
         label = route.name if route is not None else "unknown"
         pipeline = route.pipeline if route is not None else None
         last_phase = pipeline.last if pipeline is not None else None
+        feedback = lifecycle.feedback and pipeline is not None and not pipeline.reads_response
         m = self.metrics
         pending = self._pending
         m.streams_active.inc()
@@ -193,15 +194,26 @@ class ExtProcService:
                 if refusal is not None:
                     verdict: Any = refusal
                 else:
+                    if state.first_byte is None and (phase is _RESPONSE_HEADERS or phase is _RESPONSE_BODY):
+                        # the first response message carries the status and the endpoint that served
+                        # (filter `response_attributes`), also on routes that skip response headers
+                        state.first_byte = time.monotonic()
+                        attrs = msg.attributes
+                        if attrs:
+                            code = attrs.get("response.code")
+                            if code:
+                                state.response_status = int(code)
+                            state.served = attrs.get("upstream.address") or None
                     if phase is _RESPONSE_HEADERS and msg.headers:
                         state.response_status = int(msg.headers.get(":status", "0") or 0)
-                    elif phase is _RESPONSE_BODY and state.first_byte is None:
-                        state.first_byte = time.monotonic()
                     verdict = await pipeline.run(state, msg)
                     if (phase is last_phase and (msg.end_of_stream or phase is not _RESPONSE_BODY)) or \
                             (phase is _RESPONSE_HEADERS and isinstance(verdict, Mutate) and verdict.skip_body):
                         state.attrs["_complete"] = True
-                metadata = lifecycle.metadata(state) if not state.token_sent and lifecycle.feedback else None
+                # Envoy's access log reports the end only of requests whose stream cannot see it
+                # (routes reading no response phase) and that the processor did not answer itself
+                metadata = lifecycle.metadata(state) if (feedback and not state.token_sent and not
+                                                         isinstance(verdict, (Reject, Respond))) else None
                 resp = codec.encode(phase, verdict, dialect, label, state.request_id, metadata)
                 dt = time.perf_counter() - t0
                 busy += dt

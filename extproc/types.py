@@ -165,7 +165,8 @@ class RequestState:
     usage: Any = None  # backends.base.Usage, when the backend reported it
     quota_stale: bool = False  # admission ran on stale tenant data
     observed: Outcome | None = None  # what a stage saw that status codes do not show (truncated)
-    first_byte: float | None = None  # monotonic time of the first response body chunk seen
+    first_byte: float | None = None  # monotonic time of the first response message the stream saw
+    served: str | None = None  # "ip:port" of the endpoint that answered (Envoy's `upstream.address`)
     runtime: Any = None  # extproc.runtime.Runtime
     attrs: dict[str, Any] = field(default_factory=dict)  # stage-private values (one stage writes and reads)
     # lifecycle

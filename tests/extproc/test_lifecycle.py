@@ -153,17 +153,44 @@ def test_on_done_fires_exactly_once_whatever_the_ending(route, cut, ending, feed
     assert isinstance(outcome, Outcome)
 
 
-async def test_processor_rejection_counts_rejected_once_even_with_a_late_entry():
+async def test_processor_rejection_is_done_at_once_and_a_later_entry_is_ignored():
     svc, rec, registry = service(feedback=True)
     reqs = recorded("v1-analyze-rec-llm-malformed.txtpb")
     await run_stream(svc, "v1-analyze", reqs, "eof")
-    (token,) = lc_tokens(svc)  # waits for Envoy's entry: the stream ended at the processor's 400
-    svc.runtime.lifecycle.completed(token, Completion(status=400))
-    svc.runtime.lifecycle.completed(token, Completion(status=400))
-    assert [o for v in rec.done.values() for o in v] == [Outcome.REJECTED]
+    assert [o for v in rec.done.values() for o in v] == [Outcome.REJECTED]  # the processor answered: known
+    (token,) = rec.done
+    assert svc.runtime.lifecycle.completed(token, Completion(status=400)) == "late"
     svc.flush_metrics()
     assert registry.get_sample_value("adapter_processor_requests_total",
                                      {"route": "v1-analyze", "outcome": "rejected"}) == 1
+
+
+async def test_a_route_that_reads_the_response_learns_its_end_from_the_stream():
+    """Status and served endpoint come with the first response message (Envoy's response_attributes):
+    no access-log entry is asked for (no `adapter.worker` metadata), on_done fires at the stream's end."""
+    svc, rec, _ = service(feedback=True)
+    reqs = recorded("v1-analyze-rec-llm-ok.txtpb")
+    reqs[2].attributes["envoy.filters.http.ext_proc"].update({"response.code": 503,
+                                                               "upstream.address": "10.0.0.9:8000"})
+    status = next(h for h in reqs[2].response_headers.headers.headers if h.key == ":status")
+    status.raw_value = b"503"
+    replies = await run_stream(svc, "v1-analyze", reqs[:3], "eof")
+    assert all("adapter" not in r.dynamic_metadata.fields for r in replies)
+    assert [o for v in rec.done.values() for o in v] == [Outcome.BACKEND_ERROR]
+    assert svc.runtime.lifecycle.open_count == 0
+
+
+async def test_served_endpoint_and_first_byte_are_recorded_from_the_stream():
+    svc, rec, _ = service(feedback=True)
+    completions = []
+    svc.runtime.lifecycle.observers.append(lambda st, o: completions.append(st.completion))
+    reqs = recorded("v1-analyze-rec-llm-ok.txtpb")
+    reqs[2].attributes["envoy.filters.http.ext_proc"].update({"response.code": 200,
+                                                               "upstream.address": "10.0.0.9:8000"})
+    await run_stream(svc, "v1-analyze", reqs, "eof")
+    (c,) = completions
+    assert c.source == "stream" and c.status == 200 and c.upstream == "10.0.0.9:8000"
+    assert c.first_upstream_byte is not None and c.first_upstream_byte >= 0
 
 
 async def test_backend_500_is_a_backend_error_not_ok():
@@ -197,7 +224,7 @@ async def test_client_cancel_mid_response_is_cancelled_without_feedback():
 
 async def test_deadline_finishes_from_what_the_stream_saw():
     svc, rec, _ = service(feedback=True)
-    await run_stream(svc, "v1-analyze", recorded("v1-analyze-rec-llm-ok.txtpb"), "eof")
+    await run_stream(svc, "v1-chat-completions", recorded("v1-chat-completions-rec-passthrough.txtpb"), "eof")
     (token,) = lc_tokens(svc)
     lc = svc.runtime.lifecycle
     assert lc.sweep() == 0 and rec.done == {}  # not overdue yet
