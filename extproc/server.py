@@ -92,8 +92,8 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     runtime = Runtime(settings.index, state_dir=os.environ.get(STATE_DIR_ENV) or None,
                       feedback=snapshot.processor.feedback == "accessLog")
     service = ExtProcService(config, metrics, _recorder(settings.record_dir, settings.index), runtime=runtime)
-    feedback = AccessLogFeedback(runtime.lifecycle, metrics)
-    add_feedback_service(feedback, server)
+    if runtime.lifecycle.feedback:  # Envoy's access loggers report to this worker's port
+        add_feedback_service(AccessLogFeedback(runtime.lifecycle, metrics), server)
     sweeper = asyncio.get_running_loop().create_task(_sweep(runtime, service))
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
