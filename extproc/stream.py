@@ -86,7 +86,7 @@ class RequestObserver:
         key = (id(metric),) + labels
         c = self._children.get(key)
         if c is None:
-            c = self._children[key] = metric.labels(*labels)
+            c = self._children[key] = metric.labels(*labels) if labels else metric
         return c
 
     def __call__(self, state: RequestState, outcome: Outcome) -> None:
