@@ -52,7 +52,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         extra = f" model={r.model}" if r.kind in ("llm", "tensor") else ""
         path = r.path + ("*" if r.match == "prefix" else "")
         targets = ", ".join(b.name for b in r.backends)
-        print(f"  route {r.name}: {path} -> {targets} ({r.kind}{extra}, failureMode={r.failure_mode})")
+        picker = f", picker={r.picker.name}" if r.picker is not None else ""
+        print(f"  route {r.name}: {path} -> {targets} ({r.kind}{extra}, failureMode={r.failure_mode}{picker})")
+    for ref in snap.plugins.values():
+        params = ref.params.model_dump()
+        print(f"  plugin {ref.name}: {ref.type} ({ref.slot})" + (f" {params}" if params else ""))
     for b in snap.backends.values():
         eps = ", ".join(f"{h}:{p}" for h, p in b.endpoints)
         print(f"  backend {b.name}: {b.kind} over {b.protocol} at {eps}" + (" (implicit)" if b.implicit else ""))

@@ -226,3 +226,23 @@ def test_feedback_other_values_are_refused(value):
     (found,) = issues(text)
     assert found.startswith(f"cfg.yaml:{line(text, 'feedback:')}: spec.processor.feedback: ")
     assert "'accessLog' or 'stream'" in found
+
+
+def test_adapterctl_validate_lists_plugins_and_route_pickers(write_config, capsys):
+    from extproc.cli import main
+
+    path = write_config("""
+        apiVersion: adapter.ai/v1
+        kind: AdapterGateway
+        metadata: {name: p}
+        spec:
+          plugins:
+            - {name: spread, type: least-in-flight, parameters: {fallbacks: 1}}
+          backends:
+            - {name: llm, endpoints: ["10.0.0.1:8000", "10.0.0.2:8000"]}
+          routes:
+            - {path: /v1/, match: prefix, kind: openai, target: llm, plugins: [spread]}
+        """)
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "picker=spread" in out and "plugin spread: least-in-flight (picker) {'fallbacks': 1}" in out
