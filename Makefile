@@ -58,6 +58,7 @@ render: setup
 
 perf: setup
 	$(VENV)/bin/python perf/bench_overhead.py
+	$(VENV)/bin/python perf/bench_feedback.py
 	$(VENV)/bin/python perf/bench_streaming.py
 	$(VENV)/bin/python perf/bench_ort_batching.py
 	$(VENV)/bin/python perf/bench_mapping.py
