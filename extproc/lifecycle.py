@@ -28,6 +28,7 @@ comparisons. Only headers-only routes cost an access-log entry (`extproc/feedbac
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -41,6 +42,10 @@ ORPHAN_TTL = 30.0  # entries whose request is not (yet) known are kept this long
 
 # Envoy response flags (access-log names) that mean the client went away before the answer was done.
 CANCEL_FLAGS = frozenset({"downstream_connection_termination", "downstream_remote_reset"})
+# the backend failed the request (no answer, or an answer cut off): a backend error, or truncated
+UPSTREAM_FAILURE_FLAGS = frozenset({"upstream_remote_reset", "upstream_connection_termination",
+                                    "upstream_connection_failure", "upstream_protocol_error", "local_reset",
+                                    "no_healthy_upstream", "upstream_overflow"})
 TIMEOUT_FLAGS = frozenset({"upstream_request_timeout", "stream_idle_timeout", "duration_timeout",
                            "upstream_max_stream_duration_reached"})
 
@@ -66,6 +71,8 @@ def derive_outcome(state: RequestState, completion: Completion | None) -> Outcom
             return Outcome.CANCELLED
         if completion.flags & TIMEOUT_FLAGS or completion.status == 504:
             return Outcome.TIMEOUT
+        if completion.flags & UPSTREAM_FAILURE_FLAGS:
+            return Outcome.TRUNCATED if 0 < completion.status < 400 else Outcome.BACKEND_ERROR
     if state.observed is not None:
         return state.observed
     if completion is None and state.stream_end in ("cancelled", "end") and state.reply_status is None \
@@ -100,8 +107,12 @@ Observer = Callable[[RequestState, Outcome], None]
 class Lifecycle:
     """Per worker: requests whose `on_done` has not fired yet, and the rules that fire it once."""
 
-    def __init__(self, worker: int = 0, feedback: bool = False, observers: Iterable[Observer] = ()):
+    def __init__(self, worker: int = 0, feedback: bool = False, observers: Iterable[Observer] = (),
+                 boot: str | None = None):
+        # tokens are "<worker>.<boot>-<n>": a restarted worker (same index, new process) never takes
+        # an entry meant for its predecessor's requests
         self.worker = str(worker)
+        self.boot = f"{self.worker}.{boot if boot is not None else format(os.getpid(), 'x')}"
         self.feedback = feedback
         self.observers: list[Observer] = list(observers)
         self._next = 1
@@ -117,7 +128,7 @@ class Lifecycle:
         return {"adapter": {"worker": self.worker, "token": state.token}}
 
     def start(self, state: RequestState) -> None:
-        state.token = f"{self.worker}-{self._next}"
+        state.token = f"{self.boot}-{self._next}"
         self._next += 1
         self._open[state.token] = state
         if state.route is not None and state.route.pipeline is not None:
@@ -146,9 +157,10 @@ class Lifecycle:
         is registered later)."""
         state = self._open.get(token)
         if state is None:
-            worker, _, n = token.partition("-")
-            if worker == self.worker and n.isdigit() and int(n) < self._next:
-                self.late_entries += 1  # its request was already finished (the deadline passed)
+            boot, _, n = token.rpartition("-")
+            if boot != self.boot or (n.isdigit() and int(n) < self._next):
+                # already finished (the deadline passed), or a previous process's request
+                self.late_entries += 1
                 return "late"
             self._orphans[token] = ((now if now is not None else time.monotonic()) + ORPHAN_TTL, completion)
             return "orphan"
@@ -192,6 +204,13 @@ class Lifecycle:
                 observer(state, outcome)
             except Exception:
                 log.exception("lifecycle observer %r failed", observer)
+
+    def close(self) -> None:
+        """The worker stops: every request not yet done ends now, from what is known."""
+        self._waiting.clear()
+        for state in list(self._open.values()):
+            state.attrs["_completion_source"] = "shutdown"
+            self._finish(state)
 
     @property
     def open_count(self) -> int:

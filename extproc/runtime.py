@@ -42,7 +42,7 @@ class Runtime:
         self.worker = worker
         self.started = time.time()
         self.inflight = InflightTable(state_dir, worker)
-        self.lifecycle = Lifecycle(worker, feedback=feedback, observers=[release, *observers])
+        self.lifecycle = Lifecycle(worker, feedback=feedback, observers=[release, *observers])  # tokens carry the pid
         self._plugins: dict[tuple[str, str], Any] = {}
         self._params: dict[tuple[str, str], Any] = {}
         self._caches: dict[str, Any] = {}

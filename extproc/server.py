@@ -48,8 +48,14 @@ async def _sweep(runtime: Runtime, service: ExtProcService, interval: float = 0.
     buffered metric updates."""
     while True:
         await asyncio.sleep(interval)
-        runtime.lifecycle.sweep()
-        service.flush_metrics()
+        try:
+            runtime.lifecycle.sweep()
+        except Exception:  # noqa: BLE001 - the loop must outlive any one bad request
+            log.exception("lifecycle sweep failed")
+        try:
+            service.flush_metrics()
+        except Exception:  # noqa: BLE001
+            log.exception("metric flush failed")
 
 
 @dataclass(frozen=True)
@@ -89,11 +95,11 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     max_message = max(r.max_body_bytes for r in snapshot.routes.values()) * 2 + (1 << 20)
     server = grpc.aio.server(options=grpc_options(max_message))
     # Long-lived state (lifecycle, in-flight table, plugins, caches): outlives every snapshot swap.
-    runtime = Runtime(settings.index, state_dir=os.environ.get(STATE_DIR_ENV) or None,
-                      feedback=snapshot.processor.feedback == "accessLog")
+    # feedback=True: this worker serves Envoy's access log; each stream's snapshot says whether its
+    # request asks for an entry (`processor.feedback`), so a reload may switch it either way
+    runtime = Runtime(settings.index, state_dir=os.environ.get(STATE_DIR_ENV) or None, feedback=True)
     service = ExtProcService(config, metrics, _recorder(settings.record_dir, settings.index), runtime=runtime)
-    if runtime.lifecycle.feedback:  # Envoy's access loggers report to this worker's port
-        add_feedback_service(AccessLogFeedback(runtime.lifecycle, metrics), server)
+    add_feedback_service(AccessLogFeedback(runtime.lifecycle, metrics), server)  # Envoy's loggers report here
     sweeper = asyncio.get_running_loop().create_task(_sweep(runtime, service))
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
@@ -128,7 +134,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         await asyncio.sleep(drain)
         await server.stop(max(settings.shutdown_grace - drain, 0.0))
         sweeper.cancel()
-        runtime.lifecycle.sweep(now=float("inf"))  # requests still waiting for Envoy's entry end here
+        runtime.lifecycle.close()  # requests still open or waiting for Envoy's entry end here
         service.flush_metrics()
         log.info("worker %d stopped", settings.index)
 

@@ -110,11 +110,11 @@ class RequestObserver:
             backend = state.backend or "none"
             model = state.attrs.get("model") or route.model or "unknown"
             tenant = state.tenant if state.tenant in tenants else "none"  # never a client-chosen label value
-            if usage.prompt_tokens:
+            if usage.prompt_tokens and usage.prompt_tokens > 0:
                 pending.inc(self.child(m.tokens, label, backend, model, tenant, "prompt"), usage.prompt_tokens)
-            if usage.completion_tokens:
+            if usage.completion_tokens and usage.completion_tokens > 0:
                 pending.inc(self.child(m.tokens, label, backend, model, tenant, "completion"), usage.completion_tokens)
-            if usage.batch_size:
+            if usage.batch_size and usage.batch_size > 0:
                 pending.observe(self.child(m.batch_size, label, backend, model), usage.batch_size)
 
 
@@ -178,7 +178,8 @@ class ExtProcService:
         label = route.name if route is not None else "unknown"
         pipeline = route.pipeline if route is not None else None
         last_phase = pipeline.last if pipeline is not None else None
-        feedback = lifecycle.feedback and pipeline is not None and not pipeline.reads_response
+        feedback = (lifecycle.feedback and snap.processor.feedback == "accessLog" and pipeline is not None
+                    and not pipeline.reads_response)
         m = self.metrics
         pending = self._pending
         m.streams_active.inc()
@@ -218,13 +219,15 @@ class ExtProcService:
                 dt = time.perf_counter() - t0
                 busy += dt
                 pending.observe(self._child(m.phase_duration, label, phase.value), dt)
-                yield resp
-                if isinstance(verdict, (Reject, Respond)):
+                answered = isinstance(verdict, (Reject, Respond))
+                if answered:  # recorded before the reply goes out: Envoy may close the stream right after it
                     state.reply_status = verdict.status
                     state.reply_code = verdict.reason
                     if isinstance(verdict, Reject):
                         pending.inc(self._child(m.errors, label, verdict.code))
                     state.attrs["_complete"] = True
+                yield resp
+                if answered:
                     return
         except asyncio.CancelledError:
             # Envoy resets the side stream once it needs nothing more: a normal end, unless the

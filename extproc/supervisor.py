@@ -298,7 +298,12 @@ class Supervisor:
                 self._reloads["accepted"] += 1
             snap = self.snapshot
             errors = self._tell_workers(snap, timeout)
-            if self.xds is not None:
+            refused = [e for e in errors if " refused generation " in e]
+            if refused and self.xds is not None:
+                # a worker that could not load it would answer Envoy's new routes with config_mismatch:
+                # Envoy keeps the routes every worker serves
+                log.error("generation %d not sent to Envoy: %s", snap.generation, "; ".join(refused))
+            elif self.xds is not None:
                 try:
                     self.xds.write(snap, len(self.workers))
                 except Exception as e:  # noqa: BLE001 - reported; the workers already serve it

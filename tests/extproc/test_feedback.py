@@ -131,14 +131,14 @@ def open_request(lc: Lifecycle) -> RequestState:
 
 def test_entry_finishes_the_request_after_its_stream_ended():
     rec = Recorder()
-    lc = Lifecycle(0, feedback=True, observers=[rec])
+    lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
     fb = AccessLogFeedback(lc)
     st = open_request(lc)
-    assert st.token == "0-1"
+    assert st.token == "0.a-1"
     lc.stream_ended(st, "end", now=0.0)
     assert rec.calls == [] and lc.open_count == 1  # waiting for Envoy's entry
-    fb.handle(message(entry("0-1", status=503, flags=("upstream_connection_failure",))))
-    assert rec.calls == [("0-1", Outcome.BACKEND_ERROR)]
+    fb.handle(message(entry("0.a-1", status=503, flags=("upstream_connection_failure",))))
+    assert rec.calls == [("0.a-1", Outcome.BACKEND_ERROR)]
     assert st.outcome is Outcome.BACKEND_ERROR and lc.open_count == 0
     assert st.completion.status == 503 and st.completion.upstream == "127.0.0.1:9002"
     assert st.completion.flags == {"upstream_connection_failure"} and fb.entries == 1
@@ -147,7 +147,7 @@ def test_entry_finishes_the_request_after_its_stream_ended():
 
 def test_entry_before_the_stream_end_waits_for_it():
     rec = Recorder()
-    lc = Lifecycle(0, feedback=True, observers=[rec])
+    lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
     fb = AccessLogFeedback(lc)
     st = open_request(lc)
     fb.handle(message(entry(st.token, status=200, flags=("downstream_remote_reset",))))
@@ -158,7 +158,7 @@ def test_entry_before_the_stream_end_waits_for_it():
 
 def test_entries_match_their_own_requests_only():
     rec = Recorder()
-    lc = Lifecycle(0, feedback=True, observers=[rec])
+    lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
     fb = AccessLogFeedback(lc)
     a, b = open_request(lc), open_request(lc)
     for st in (a, b):
@@ -171,7 +171,7 @@ def test_entries_match_their_own_requests_only():
 
 def test_entries_without_a_token_are_ignored():
     rec = Recorder()
-    lc = Lifecycle(0, feedback=True, observers=[rec])
+    lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
     metrics = ProcessorMetrics(CollectorRegistry())
     fb = AccessLogFeedback(lc, metrics)
     st = open_request(lc)
@@ -186,7 +186,7 @@ def test_entries_without_a_token_are_ignored():
 
 def test_an_entry_arriving_twice_finishes_once_and_counts_late():
     rec = Recorder()
-    lc = Lifecycle(0, feedback=True, observers=[rec])
+    lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
     metrics = ProcessorMetrics(CollectorRegistry())
     fb = AccessLogFeedback(lc, metrics)
     st = open_request(lc)
@@ -200,7 +200,7 @@ def test_an_entry_arriving_twice_finishes_once_and_counts_late():
 
 def test_entry_after_the_deadline_is_late():
     rec = Recorder()
-    lc = Lifecycle(0, feedback=True, observers=[rec])
+    lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
     fb = AccessLogFeedback(lc)
     st = open_request(lc)
     st.attrs["_complete"] = True  # the stream saw all it asked for
@@ -212,17 +212,17 @@ def test_entry_after_the_deadline_is_late():
 
 
 def test_entry_of_an_unknown_token_waits_as_an_orphan():
-    lc = Lifecycle(0, feedback=True)
+    lc = Lifecycle(0, feedback=True, boot="a")
     fb = AccessLogFeedback(lc)
-    fb.handle(message(entry("0-99", status=200)))
-    assert "0-99" in lc._orphans and lc.late_entries == 0
+    fb.handle(message(entry("0.a-99", status=200)))
+    assert "0.a-99" in lc._orphans and lc.late_entries == 0
 
 
 def test_orphan_entries_are_counted_as_orphans():
-    lc = Lifecycle(0, feedback=True)
+    lc = Lifecycle(0, feedback=True, boot="a")
     metrics = ProcessorMetrics(CollectorRegistry())
     fb = AccessLogFeedback(lc, metrics)
-    fb.handle(message(entry("0-99", status=200)))
+    fb.handle(message(entry("0.a-99", status=200)))
     assert metrics.feedback_entries.labels("matched")._value.get() == 0
     assert metrics.feedback_entries.labels("orphan")._value.get() == 1
 
@@ -232,7 +232,7 @@ def test_orphan_entries_are_counted_as_orphans():
 
 def test_stream_access_logs_applies_every_message_and_survives_a_bad_one():
     rec = Recorder()
-    lc = Lifecycle(0, feedback=True, observers=[rec])
+    lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
     fb = AccessLogFeedback(lc)
     a, b = open_request(lc), open_request(lc)
     for st in (a, b):
@@ -255,3 +255,16 @@ def test_stream_access_logs_applies_every_message_and_survives_a_bad_one():
     resp = asyncio.run(fb.StreamAccessLogs(source(), None))
     assert isinstance(resp, als_pb2.StreamAccessLogsResponse)
     assert calls == [a.token, b.token] and rec.calls == [(b.token, Outcome.OK)]
+
+
+def test_an_entry_for_a_previous_process_of_the_worker_is_dropped_not_applied():
+    """A restarted worker (same index, new pid) never takes its predecessor's entries."""
+    rec = Recorder()
+    lc = Lifecycle(0, feedback=True, boot="new", observers=[rec])
+    fb = AccessLogFeedback(lc)
+    st = open_request(lc)
+    lc.stream_ended(st, "end", now=0.0)
+    fb.handle(message(entry("0.old-1", status=500)))  # same number, the old process's token
+    assert rec.calls == [] and lc.late_entries == 1 and not lc._orphans
+    fb.handle(message(entry(st.token, status=200)))
+    assert rec.calls == [(st.token, Outcome.OK)]

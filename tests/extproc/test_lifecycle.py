@@ -245,6 +245,8 @@ def _state(**kw) -> RequestState:
     ({}, Completion(503, flags=frozenset({"upstream_connection_failure"})), Outcome.BACKEND_ERROR),
     ({}, Completion(504, flags=frozenset({"upstream_request_timeout"})), Outcome.TIMEOUT),
     ({}, Completion(0, flags=frozenset({"downstream_remote_reset"})), Outcome.CANCELLED),
+    ({}, Completion(200, flags=frozenset({"upstream_remote_reset"})), Outcome.TRUNCATED),
+    ({}, Completion(0, flags=frozenset({"upstream_connection_termination"})), Outcome.BACKEND_ERROR),
     ({}, Completion(200, flags=frozenset({"downstream_connection_termination"})), Outcome.CANCELLED),
     ({"observed": Outcome.TRUNCATED}, Completion(200), Outcome.TRUNCATED),
     ({"reply_status": 429}, None, Outcome.REJECTED),
@@ -258,8 +260,27 @@ def test_outcome_derivation(kw, completion, expected):
 
 
 def test_entries_before_their_stream_wait_as_orphans_then_expire():
-    lc = Lifecycle(worker=3, feedback=True)
-    lc.completed("3-99", Completion(200), now=0.0)  # a token this worker has not issued yet
+    lc = Lifecycle(worker=3, feedback=True, boot="a")
+    lc.completed("3.a-99", Completion(200), now=0.0)  # a token this worker has not issued yet
     assert lc._orphans and lc.late_entries == 0
     lc.sweep(now=1000.0)
     assert not lc._orphans
+
+
+async def test_close_finishes_every_open_request():
+    svc, rec, _ = service(feedback=True)
+    await run_stream(svc, "v1-chat-completions", recorded("v1-chat-completions-rec-passthrough.txtpb"), "eof")
+    assert rec.done == {} and svc.runtime.lifecycle.open_count == 1  # waiting for Envoy's entry
+    svc.runtime.lifecycle.close()  # the worker stops
+    assert [o for v in rec.done.values() for o in v] == [Outcome.OK] and svc.runtime.lifecycle.open_count == 0
+
+
+async def test_feedback_off_in_the_snapshot_asks_envoy_for_nothing(write_config):
+    text = (RECORDED / "config.yaml").read_text().replace("  processor: {basePort", "  processor: {feedback: stream, basePort")
+    assert "feedback: stream" in text
+    rec = Recorder()
+    svc = ExtProcService(ConfigRef(load_file(write_config(text))), ProcessorMetrics(CollectorRegistry()),
+                         runtime=Runtime(feedback=True, observers=[rec]))
+    replies = await run_stream(svc, "v1-chat-completions", recorded("v1-chat-completions-rec-passthrough.txtpb"), "eof")
+    assert all("adapter" not in r.dynamic_metadata.fields for r in replies)
+    assert [o for v in rec.done.values() for o in v] == [Outcome.OK]  # done at the stream's end
