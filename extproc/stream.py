@@ -109,6 +109,8 @@ class RequestObserver:
         if usage is not None:
             backend = state.backend or "none"
             model = state.attrs.get("model") or route.model or "unknown"
+            if model not in route.models and model != "unknown":
+                model = "other"  # only models the config names become label values (a client's never)
             tenant = state.tenant if state.tenant in tenants else "none"  # never a client-chosen label value
             if usage.prompt_tokens and usage.prompt_tokens > 0:
                 pending.inc(self.child(m.tokens, label, backend, model, tenant, "prompt"), usage.prompt_tokens)

@@ -284,3 +284,28 @@ async def test_feedback_off_in_the_snapshot_asks_envoy_for_nothing(write_config)
     replies = await run_stream(svc, "v1-chat-completions", recorded("v1-chat-completions-rec-passthrough.txtpb"), "eof")
     assert all("adapter" not in r.dynamic_metadata.fields for r in replies)
     assert [o for v in rec.done.values() for o in v] == [Outcome.OK]  # done at the stream's end
+
+
+async def test_only_configured_models_become_token_label_values():
+    from backends.base import Usage
+
+    svc, rec, registry = service(feedback=False)
+    svc.runtime.lifecycle.observers.insert(0, lambda st, o: setattr(st, "usage", Usage(prompt_tokens=3)))
+    for model in ("qwen2.5-finance", "client-made-up-model"):
+        reqs = recorded("v1-chat-completions-rec-passthrough.txtpb")
+
+        async def stream():
+            async def source():
+                for r in reqs:
+                    yield r
+            ctx = _Context("v1-chat-completions")
+            async for _ in svc.Process(source(), ctx):
+                pass
+
+        svc.runtime.lifecycle.observers.insert(0, lambda st, o, m=model: st.attrs.__setitem__("model", m))
+        await stream()
+        del svc.runtime.lifecycle.observers[0]
+    svc.flush_metrics()
+    labels = {s.labels["model"] for m in registry.collect() if m.name == "adapter_processor_tokens"
+              for s in m.samples if s.name.endswith("_total")}
+    assert labels == {"qwen2.5-finance", "other"}
