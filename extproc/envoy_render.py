@@ -41,7 +41,7 @@ from typing import Any
 import yaml
 
 from extproc.config.snapshot import (BACKEND_HEADER, DEBUG_METADATA_KEY, DESTINATION_HEADER, DIGEST_METADATA_KEY,
-                                     HEALTH_ROUTE, LB_METADATA_NAMESPACE, ROUTE_METADATA_KEY, ROUTE_TARGET_HEADER,
+                                     HEALTH_ROUTE, LB_METADATA_NAMESPACE, is_ip, ROUTE_METADATA_KEY, ROUTE_TARGET_HEADER,
                                      TENANT_METADATA_KEY, Backend, Route, Snapshot)
 from extproc.types import Phase
 
@@ -299,16 +299,6 @@ def backend_cluster(b: Backend, eds_config: dict[str, Any] | None = None) -> dic
     else:
         cluster["load_assignment"] = load_assignment(b)
     return cluster
-
-
-def is_ip(host: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
 
 
 _is_ip = is_ip  # the old private name

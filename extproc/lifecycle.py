@@ -76,7 +76,7 @@ def derive_outcome(state: RequestState, completion: Completion | None) -> Outcom
     if state.observed is not None:
         return state.observed
     if completion is None and state.stream_end in ("cancelled", "end") and state.reply_status is None \
-            and not _saw_everything(state):
+            and not state.complete:
         # the stream ended (reset or closed) before the processor saw the end it asked for: Envoy
         # abandoned the request, which it does when the client goes away
         return Outcome.CANCELLED
@@ -94,11 +94,6 @@ def derive_outcome(state: RequestState, completion: Completion | None) -> Outcom
     if status >= 400:
         return Outcome.REJECTED
     return Outcome.OK
-
-
-def _saw_everything(state: RequestState) -> bool:
-    """The stream reached the end the route's pipeline asks for (a reset after that is Envoy's normal end)."""
-    return bool(state.attrs.get("_complete"))
 
 
 Observer = Callable[[RequestState, Outcome], None]

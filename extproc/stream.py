@@ -108,7 +108,7 @@ class RequestObserver:
         usage = state.usage
         if usage is not None:
             backend = state.backend or "none"
-            model = state.attrs.get("model") or route.model or "unknown"
+            model = (state.request.model if state.request is not None else None) or route.model or "unknown"
             if model not in route.models and model != "unknown":
                 model = "other"  # only models the config names become label values (a client's never)
             tenant = state.tenant if state.tenant in tenants else "none"  # never a client-chosen label value
@@ -212,7 +212,7 @@ class ExtProcService:
                     verdict = await pipeline.run(state, msg)
                     if (phase is last_phase and (msg.end_of_stream or phase is not _RESPONSE_BODY)) or \
                             (phase is _RESPONSE_HEADERS and isinstance(verdict, Mutate) and verdict.skip_body):
-                        state.attrs["_complete"] = True
+                        state.complete = True
                 # Envoy's access log reports the end only of requests whose stream cannot see it
                 # (routes reading no response phase) and that the processor did not answer itself
                 metadata = lifecycle.metadata(state) if (feedback and not state.token_sent and not
@@ -227,7 +227,7 @@ class ExtProcService:
                     state.reply_code = verdict.reason
                     if isinstance(verdict, Reject):
                         pending.inc(self._child(m.errors, label, verdict.code))
-                    state.attrs["_complete"] = True
+                    state.complete = True
                 yield resp
                 if answered:
                     return

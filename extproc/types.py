@@ -175,5 +175,6 @@ class RequestState:
     reply_status: int | None = None  # the processor answered the client itself (Reject/Respond)
     reply_code: str | None = None
     stream_end: str | None = None  # "end" | "cancelled" | "error", once the ext_proc stream is over
+    complete: bool = False  # the stream saw every phase the route reads (or the processor answered)
     completion: Any = None  # extproc.lifecycle.Completion from Envoy's access log
     outcome: Outcome | None = None  # set once, when on_done fires

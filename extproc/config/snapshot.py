@@ -38,24 +38,22 @@ class Backend:
     timeout: float
     implicit: bool  # created from a route's host:port target
     adapter: Any  # backends.base.BackendAdapter
+    # derived from `endpoints` once (also by `replace`), never per request:
+    endpoint_ids: tuple[str, ...] = field(init=False)  # as the endpoint-picker protocol names them: "ip:port"
+    pickable: bool = field(init=False)  # all endpoints are IPs: the processor can name one (Envoy resolves names)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "endpoint_ids",
+                           tuple(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.endpoints))
+        object.__setattr__(self, "pickable", all(is_ip(h) for h, _ in self.endpoints))
 
     @property
     def cluster(self) -> str:
         """Envoy cluster name: the backend name (DNS labels cannot collide with `adapter_*`)."""
         return self.name
 
-    @property
-    def endpoint_ids(self) -> tuple[str, ...]:
-        """Endpoints as the endpoint-picker protocol names them: "ip:port" ("[v6]:port")."""
-        return tuple(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.endpoints)
 
-    @property
-    def pickable(self) -> bool:
-        """The processor can name an endpoint: all are IPs (Envoy resolves host names itself)."""
-        return all(_is_ip(h) for h, _ in self.endpoints)
-
-
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
     import ipaddress
 
     try:

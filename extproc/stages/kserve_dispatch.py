@@ -22,6 +22,4 @@ class KServeParse:
     def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         path = (msg.headers or {}).get(":path", "")
         state.request = parse_kserve(path, tenant=state.tenant)
-        if state.request.model is not None:
-            state.attrs["model"] = state.request.model
         return None

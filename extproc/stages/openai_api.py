@@ -66,8 +66,6 @@ class OpenAIParse:
         if not isinstance(body, dict):
             return reject(400, "invalid_request", "request body must be a JSON object")
         req = state.request = parse_openai(state.attrs.get("path", ""), body, state.tenant)
-        if req.model is not None:
-            state.attrs["model"] = req.model
         if req.stream:
             options = body.get("stream_options") or {}
             if not options.get("include_usage"):

@@ -203,7 +203,7 @@ def test_entry_after_the_deadline_is_late():
     lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
     fb = AccessLogFeedback(lc)
     st = open_request(lc)
-    st.attrs["_complete"] = True  # the stream saw all it asked for
+    st.complete = True  # the stream saw all it asked for
     lc.stream_ended(st, "end", now=0.0)
     assert lc.sweep(now=100.0) == 1  # route None: timeout 0 + grace
     assert rec.calls == [(st.token, Outcome.OK)] and st.attrs["_completion_source"] == "deadline"

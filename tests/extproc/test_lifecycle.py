@@ -288,6 +288,7 @@ async def test_feedback_off_in_the_snapshot_asks_envoy_for_nothing(write_config)
 
 async def test_only_configured_models_become_token_label_values():
     from backends.base import Usage
+    from extproc.request import InferenceRequest
 
     svc, rec, registry = service(feedback=False)
     svc.runtime.lifecycle.observers.insert(0, lambda st, o: setattr(st, "usage", Usage(prompt_tokens=3)))
@@ -302,7 +303,8 @@ async def test_only_configured_models_become_token_label_values():
             async for _ in svc.Process(source(), ctx):
                 pass
 
-        svc.runtime.lifecycle.observers.insert(0, lambda st, o, m=model: st.attrs.__setitem__("model", m))
+        svc.runtime.lifecycle.observers.insert(
+            0, lambda st, o, m=model: setattr(st, "request", InferenceRequest(api="openai.chat", model=m)))
         await stream()
         del svc.runtime.lifecycle.observers[0]
     svc.flush_metrics()

@@ -226,7 +226,7 @@ def test_lifecycle_end_releases_the_pick(snap, runtime):
     runtime.lifecycle.start(st)
     send(st, "m2")
     assert runtime.inflight.get(B2) == 1
-    st.attrs["_complete"] = True  # what the stream marks once it saw the phases the route reads
+    st.complete = True  # what the stream marks once it saw the phases the route reads
     runtime.lifecycle.stream_ended(st, "end")  # feedback off: on_done fires now, release is an observer
     assert st.outcome is Outcome.OK and runtime.inflight.get(B2) == 0
     runtime.lifecycle.stream_ended(st, "end")
