@@ -78,14 +78,9 @@ def cmd_render_envoy(args: argparse.Namespace) -> int:
     if args.xds_dir:
         return _render_dynamic(args, snap)
     text = render_yaml(snap, args.workers)
-    out = args.output
-    if out and out != "-":
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    out = _emit(text, args.output)
     if args.check:
-        target = out if out and out != "-" else None
+        target = out
         if target is None:
             fd, target = tempfile.mkstemp(suffix=".yaml")
             os.write(fd, text.encode())
@@ -98,6 +93,16 @@ def cmd_render_envoy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _emit(text: str, out: str | None) -> str | None:
+    """Write a rendered config to `out` (a file, created with its folder) or stdout (`-`/None)."""
+    if out and out != "-":
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text)
+        return out
+    sys.stdout.write(text)
+    return None
+
+
 def _render_dynamic(args: argparse.Namespace, snap) -> int:
     """`render-envoy --xds-dir DIR`: a bootstrap whose listener, routes, clusters and endpoints come
     from files in DIR, plus those files; `adapterctl serve --xds-dir DIR` keeps them current."""
@@ -107,12 +112,7 @@ def _render_dynamic(args: argparse.Namespace, snap) -> int:
     xds_dir.mkdir(parents=True, exist_ok=True)
     XdsWriter(xds_dir).write(snap, args.workers, wait=False)
     text = bootstrap_yaml(snap, args.workers, xds_dir)
-    out = args.output
-    if out and out != "-":
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    _emit(text, args.output)
     if args.check:
         ok, output = envoy_validate(render_bootstrap(snap, args.workers, xds_dir), xds_dir)
         print(f"envoy --mode validate (bootstrap with {xds_dir} inlined): {'OK' if ok else 'REJECTED'}",

@@ -30,22 +30,9 @@ _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403:
                  422: "invalid_request_error", 429: "rate_limit_exceeded"}
 
 
-def _adapter(err: Reject, route: str | None, request_id: str) -> dict[str, Any]:
-    body: dict[str, Any] = {"status": err.status, "code": err.code, "message": err.message}
-    body.update({k: v for k, v in err.fields.items() if v is not None})
-    if err.retry_after is not None:
-        body.setdefault("retry_after_s", err.retry_after)
-    if route is not None:
-        body.setdefault("route", route)
-    body.setdefault("request_id", request_id)
-    return {"error": body}
-
-
-def _openai(err: Reject, route: str | None, request_id: str) -> dict[str, Any]:
-    fields = dict(err.fields)
-    kind = _OPENAI_TYPES.get(err.status, "server_error" if err.status >= 500 else "invalid_request_error")
-    body: dict[str, Any] = {"message": err.message, "type": kind, "param": fields.pop("param", None),
-                            "code": err.code, "status": err.status}
+def _with_context(body: dict[str, Any], fields: Any, err: Reject, route: str | None,
+                  request_id: str) -> dict[str, Any]:
+    """What every JSON dialect adds after its own keys: the fields, retry-after, route, request id."""
     body.update({k: v for k, v in fields.items() if v is not None})
     if err.retry_after is not None:
         body.setdefault("retry_after_s", err.retry_after)
@@ -53,6 +40,19 @@ def _openai(err: Reject, route: str | None, request_id: str) -> dict[str, Any]:
         body.setdefault("route", route)
     body.setdefault("request_id", request_id)
     return {"error": body}
+
+
+def _adapter(err: Reject, route: str | None, request_id: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"status": err.status, "code": err.code, "message": err.message}
+    return _with_context(body, err.fields, err, route, request_id)
+
+
+def _openai(err: Reject, route: str | None, request_id: str) -> dict[str, Any]:
+    fields = dict(err.fields)
+    kind = _OPENAI_TYPES.get(err.status, "server_error" if err.status >= 500 else "invalid_request_error")
+    body: dict[str, Any] = {"message": err.message, "type": kind, "param": fields.pop("param", None),
+                            "code": err.code, "status": err.status}
+    return _with_context(body, fields, err, route, request_id)
 
 
 def _kserve(err: Reject, route: str | None, request_id: str) -> dict[str, Any]:

@@ -37,6 +37,19 @@ class Parameters(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Plugin:
+    """What every plugin has: its name, its parameters and the worker's runtime; `configure` takes the
+    new parameters (a plugin with state to keep or rebuild on a reload overrides it)."""
+
+    def __init__(self, name: str, params: Any, runtime: Any):
+        self.name = name
+        self.params = params
+        self.runtime = runtime
+
+    def configure(self, old: Any, new: Any) -> None:
+        self.params = new
+
+
 @runtime_checkable
 class Picker(Protocol):
     type: ClassVar[str]
@@ -56,4 +69,4 @@ def plugin_types() -> Mapping[str, type]:
     return MappingProxyType({cls.type: cls for cls in (LeastInFlight, PinnedEndpoint)})
 
 
-__all__ = ["plugin_types", "Parameters", "Picker", "SLOTS"]
+__all__ = ["plugin_types", "Parameters", "Picker", "Plugin", "SLOTS"]

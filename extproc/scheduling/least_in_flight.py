@@ -15,26 +15,21 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from extproc.scheduling import Parameters
+from extproc.scheduling import Parameters, Plugin
 
 
 class LeastInFlightParameters(Parameters):
     fallbacks: int = Field(default=2, ge=0, le=16)
 
 
-class LeastInFlight:
+class LeastInFlight(Plugin):
     type: ClassVar[str] = "least-in-flight"
     slot: ClassVar[str] = "picker"
     Parameters: ClassVar[type] = LeastInFlightParameters
 
     def __init__(self, name: str, params: LeastInFlightParameters, runtime: Any):
-        self.name = name
-        self.params = params
-        self.runtime = runtime
-        self._rr = 0
-
-    def configure(self, old: LeastInFlightParameters, new: LeastInFlightParameters) -> None:
-        self.params = new  # the rotation counter is still valid
+        super().__init__(name, params, runtime)
+        self._rr = 0  # still valid after a reload: Plugin.configure only takes the new parameters
 
     def pick(self, state: Any, backend: Any, endpoints: tuple[str, ...]) -> tuple[str, ...]:
         if not endpoints:

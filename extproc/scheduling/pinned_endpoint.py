@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import field_validator
 
-from extproc.scheduling import Parameters
+from extproc.scheduling import Parameters, Plugin
 
 
 class PinnedEndpointParameters(Parameters):
@@ -31,17 +31,10 @@ class PinnedEndpointParameters(Parameters):
         return v
 
 
-class PinnedEndpoint:
+class PinnedEndpoint(Plugin):
     type: ClassVar[str] = "pinned-endpoint"
     slot: ClassVar[str] = "picker"
     Parameters: ClassVar[type] = PinnedEndpointParameters
-
-    def __init__(self, name: str, params: PinnedEndpointParameters, runtime: Any):
-        self.name = name
-        self.params = params
-
-    def configure(self, old: PinnedEndpointParameters, new: PinnedEndpointParameters) -> None:
-        self.params = new
 
     def pick(self, state: Any, backend: Any, endpoints: tuple[str, ...]) -> tuple[str, ...]:
         pinned = self.params.endpoint
