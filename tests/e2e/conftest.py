@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from extproc.stack import Stack, free_port, free_port_block
+from tests.promtext import metric_sum, parse, scrape, wait_metric  # noqa: F401  (re-exported: tests import them from here)
 
 
 def make_stack(config: str, workers: int = 2, **kw) -> Stack:
@@ -26,34 +27,3 @@ def stack_factory():
     yield start
     for st in started:
         st.stop()
-
-
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """A Prometheus endpoint, parsed: {(sample name, sorted labels): value}."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict = {}
-    for family in text_string_to_metric_families(httpx.get(url, timeout=5).text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def metric_sum(url: str, name: str, **labels: str) -> float:
-    """Sum of the samples named `name` whose labels include `labels`."""
-    want = set(labels.items())
-    return sum(v for (n, lab), v in scrape(url).items() if n == name and want <= set(lab))
-
-
-def wait_metric(url: str, name: str, expected: float, timeout: float = 5.0, **labels: str) -> float:
-    """Poll until the metric reaches `expected` (requests are counted when Envoy's access log reports
-    their end, a few tens of milliseconds after the response), or the deadline; returns the last value."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    value = metric_sum(url, name, **labels)
-    while value < expected and time.monotonic() < deadline:
-        time.sleep(0.05)
-        value = metric_sum(url, name, **labels)
-    return value
