@@ -17,7 +17,8 @@ import openai
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.conftest import make_stack, wait_metric
+from tests.e2e.conftest import make_stack
+from tests.promtext import scrape, wait_samples
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = REPO / "examples" / "finance-llm-adapter.yaml"
@@ -79,14 +80,37 @@ def test_health_probes_every_backend_over_its_protocol(stack):
 
 
 def test_processor_metrics_per_route_and_phase(stack):
-    httpx.post(f"{stack.url}/v1/analyze", content=b'{"query":"q"}', timeout=10)
-    httpx.post(f"{stack.url}/v1/analyze", content=b'{"query',  timeout=10)
     url = f"{stack.processor_admin_url}/metrics"
-    assert wait_metric(url, "adapter_processor_requests_total", 1, route="v1-analyze", outcome="ok") >= 1
-    assert wait_metric(url, "adapter_processor_requests_total", 1, route="v1-analyze", outcome="rejected") >= 1
-    text = httpx.get(url, timeout=10).text
-    assert 'adapter_processor_phase_duration_seconds_bucket{le="0.001",phase="request_body",route="v1-analyze"}' in text
-    assert 'adapter_processor_errors_total{reason="malformed_json",route="v1-analyze"}' in text
+    before = scrape(url)
+    sent = [httpx.post(f"{stack.url}/v1/analyze", content=b'{"query":"q"}', timeout=10) for _ in range(2)]
+    sent.append(httpx.post(f"{stack.url}/v1/analyze", content=b'{"query', timeout=10))
+    sent += [httpx.post(f"{stack.url}/v1/fraud-score", json={"features": [0.1] * 8}, timeout=10) for _ in range(3)]
+    assert [r.status_code for r in sent] == [200, 200, 400, 200, 200, 200]
+
+    def grew(s, name, **labels):  # the one series with exactly these labels, since `before`
+        return s.value(name, 0.0, **labels) - before.value(name, 0.0, **labels)
+
+    analyze, score = {"route": "v1-analyze"}, {"route": "v1-fraud-score"}
+    after = wait_samples(url, lambda s: grew(s, "adapter_processor_requests_total", outcome="ok", **analyze) >= 2
+                         and grew(s, "adapter_processor_requests_total", outcome="ok", **score) >= 3
+                         and grew(s, "adapter_processor_requests_total", outcome="rejected", **analyze) >= 1)
+    assert grew(after, "adapter_processor_requests_total", outcome="ok", **analyze) == 2
+    assert grew(after, "adapter_processor_requests_total", outcome="rejected", **analyze) == 1
+    assert grew(after, "adapter_processor_requests_total", outcome="ok", **score) == 3
+    assert grew(after, "adapter_processor_errors_total", reason="malformed_json", **analyze) == 1
+    assert grew(after, "adapter_processor_phase_duration_seconds_count", phase="request_body", **analyze) == 3
+    assert grew(after, "adapter_processor_phase_duration_seconds_count", phase="response_body", **analyze) == 2
+    assert grew(after, "adapter_processor_request_duration_seconds_count", **analyze) == 3
+    # one row of features per request: three observations of batch size 1, in the first bucket
+    batch = {"backend": "ort", "model": "fraud-mlp", **score}
+    assert {tuple(sorted(lab)) for lab in after.label_sets("adapter_processor_batch_size_count")} == {
+        ("backend", "model", "route")}
+    assert grew(after, "adapter_processor_batch_size_count", **batch) == 3
+    assert grew(after, "adapter_processor_batch_size_sum", **batch) == 3
+    assert grew(after, "adapter_processor_batch_size_bucket", le="1.0", **batch) == 3
+    assert after.value("adapter_processor_config_generation") == 1
+    assert wait_samples(url, lambda s: s.value("adapter_processor_streams_active") == 0).value(
+        "adapter_processor_streams_active") == 0
     assert httpx.get(f"{stack.processor_admin_url}/healthz", timeout=5).status_code == 200
 
 

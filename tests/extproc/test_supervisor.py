@@ -24,6 +24,7 @@ from extproc.config.loader import load_file
 from extproc.stack import free_port, free_port_block
 from extproc.supervisor import Supervisor
 from tests.conftest import DATA, REPO
+from tests.promtext import scrape
 
 CONFIG = """\
 apiVersion: adapter.ai/v1
@@ -111,8 +112,9 @@ def test_workers_restart_and_stop_cleanly():
     try:
         assert [w.port for w in sup.workers] == [base, base + 1]
         assert httpx.get(f"http://127.0.0.1:{admin}/healthz").status_code == 200
-        metrics = httpx.get(f"http://127.0.0.1:{admin}/metrics").text
-        assert "adapter_processor_config_generation 1.0" in metrics
+        metrics = scrape(f"http://127.0.0.1:{admin}/metrics")
+        assert metrics.value("adapter_processor_config_generation") == 1
+        assert metrics.value("adapter_processor_streams_active") == 0
         victim = sup.workers[0].proc.pid
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 20
@@ -162,13 +164,13 @@ def test_one_generation_for_every_worker_through_reload_refusal_and_restart(gate
         state = get_config(admin)
         assert [(w["generation"], w["digest"]) for w in state["workers"]] == [(2, result.digest)] * 2
         assert [(w.last, w.generation, w.digest) for w in sup.workers] == [("loaded", 2, result.digest)] * 2
-        metrics = httpx.get(f"http://127.0.0.1:{admin}/metrics").text
-        for i in (0, 1):
-            assert f'adapter_processor_worker_config_info{{digest="{result.digest}",generation="2",worker="{i}"}} 1.0' \
-                in metrics
-        assert "adapter_processor_config_accepted_generation 2.0" in metrics
-        assert 'adapter_processor_config_reloads_total{result="accepted"} 1.0' in metrics
-        assert "adapter_processor_config_generation 2.0" in metrics  # the workers' own gauge still there
+        metrics = scrape(f"http://127.0.0.1:{admin}/metrics")
+        assert metrics.series("adapter_processor_worker_config_info") == {
+            (("digest", result.digest), ("generation", "2"), ("worker", str(i))): 1.0 for i in (0, 1)}
+        assert metrics.value("adapter_processor_config_accepted_generation") == 2
+        assert metrics.series("adapter_processor_config_reloads_total") == {
+            (("result", "accepted"),): 1.0, (("result", "refused"),): 0.0}
+        assert metrics.value("adapter_processor_config_generation") == 2  # the workers' own gauge still there
         assert xds.writes == [(1, 2, {0: 1, 1: 1}), (2, 2, {0: 2, 1: 2})]  # Envoy after the workers
 
         # a broken edit: refused once, with file:line, and no worker is told anything
@@ -192,6 +194,10 @@ def test_one_generation_for_every_worker_through_reload_refusal_and_restart(gate
         assert doc["accepted"] is False and doc["generation"] == 2 and any(where in i for i in doc["issues"])
         state = get_config(admin)
         assert state["reloads"] == {"accepted": 1, "refused": 2}
+        metrics = scrape(f"http://127.0.0.1:{admin}/metrics")
+        assert metrics.series("adapter_processor_config_reloads_total") == {
+            (("result", "accepted"),): 1.0, (("result", "refused"),): 2.0}
+        assert metrics.value("adapter_processor_config_accepted_generation") == 2  # a refusal keeps it
         assert state["last_refusal"]["generation_kept"] == 2 and any(where in i for i in state["last_refusal"]["issues"])
 
         # the OpenAPI document changes too; a worker killed now restarts on the accepted bundle
