@@ -12,9 +12,9 @@ Why: routes whose ext_proc stream ends at request headers (passthrough, kserve) 
 never learn how their requests ended, and adding response phases would cost a round trip on
 every request; the access log costs Envoy a few microseconds and the processor one protobuf parse
 per request, off the request path.
-Cost: about 5 to 15 us of processor CPU per entry (upb parse, a dict lookup, the lifecycle's
-finish); no round trip; `on_done` lags the request's end by at most the flush interval (20 ms)
-plus delivery.
+Cost: about 4 us of processor CPU per entry to parse and read it (upb parse and direct field
+reads), plus the lifecycle's finish; no round trip; `on_done` lags the request's end by at most
+the flush interval (20 ms) plus delivery.
 """
 
 from __future__ import annotations
@@ -32,35 +32,36 @@ def _seconds(d: Any) -> float:
 
 
 def completion_of(entry: Any) -> tuple[str | None, Completion]:
-    """(token, Completion) of one HTTPAccessLogEntry (only the fields Envoy set are visited)."""
-    token = upstream = cluster = first = last = duration = None
+    """(token, Completion) of one HTTPAccessLogEntry.
+
+    The fields are read directly (HasField for the optional durations): half the cost of walking
+    `ListFields()`, which builds a Python object for every field Envoy set (3.6 vs 6.7 us per entry
+    here, parse included).
+    """
+    cp = entry.common_properties
+    token = None
+    md = cp.metadata.filter_metadata.get("adapter")
+    if md is not None:
+        t = md.fields.get("token")
+        if t is not None:
+            token = t.string_value
+    sa = cp.upstream_remote_address.socket_address
+    address = sa.address
+    upstream = None
+    if address:
+        upstream = f"[{address}]:{sa.port_value}" if ":" in address else f"{address}:{sa.port_value}"
+    has = cp.HasField
+    first = _seconds(cp.time_to_first_upstream_rx_byte) if has("time_to_first_upstream_rx_byte") else None
+    last = _seconds(cp.time_to_last_downstream_tx_byte) if has("time_to_last_downstream_tx_byte") else None
+    duration = _seconds(cp.duration) if has("duration") else None
     flags: frozenset[str] = frozenset()
-    for field, value in entry.common_properties.ListFields():
-        name = field.name
-        if name == "metadata":
-            md = value.filter_metadata.get("adapter")
-            if md is not None:
-                t = md.fields.get("token")
-                if t is not None:
-                    token = t.string_value
-        elif name == "upstream_remote_address":
-            sa = value.socket_address
-            if sa.address:
-                upstream = f"[{sa.address}]:{sa.port_value}" if ":" in sa.address else f"{sa.address}:{sa.port_value}"
-        elif name == "upstream_cluster":
-            cluster = value or None
-        elif name == "time_to_first_upstream_rx_byte":
-            first = _seconds(value)
-        elif name == "time_to_last_downstream_tx_byte":
-            last = _seconds(value)
-        elif name == "duration":
-            duration = _seconds(value)
-        elif name == "response_flags":
-            flags = frozenset(f.name for f, v in value.ListFields() if v is True)
+    if has("response_flags"):
+        flags = frozenset(f.name for f, v in cp.response_flags.ListFields() if v is True)
     response = entry.response
     status = response.response_code.value if response.HasField("response_code") else 0
-    return token, Completion(status=status, upstream=upstream, cluster=cluster, flags=flags,
-                             first_upstream_byte=first, last_downstream_byte=last, duration=duration)
+    return token, Completion(status=status, upstream=upstream, cluster=cp.upstream_cluster or None,
+                             flags=flags, first_upstream_byte=first, last_downstream_byte=last,
+                             duration=duration)
 
 
 class AccessLogFeedback:
@@ -87,14 +88,11 @@ class AccessLogFeedback:
     async def StreamAccessLogs(self, request_iterator: AsyncIterator[Any], context: Any) -> Any:  # noqa: N802
         from envoy.service.accesslog.v3 import als_pb2
 
-        try:
-            async for message in request_iterator:
-                try:
-                    self.handle(message)
-                except Exception:  # a bad entry must not end the log stream
-                    log.exception("access-log entry could not be applied")
-        finally:
-            pass
+        async for message in request_iterator:
+            try:
+                self.handle(message)
+            except Exception:  # a bad entry must not end the log stream
+                log.exception("access-log entry could not be applied")
         return als_pb2.StreamAccessLogsResponse()
 
 
