@@ -15,7 +15,7 @@ MLSERVER := $(MLSERVER_VENV)/bin/python
 CONFIG ?= examples/finance-llm-adapter.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test setup envoy ebpf-setup perf render clean
+.PHONY: run test setup envoy ebpf-setup perf render clean mutation
 
 run: setup
 	$(VENV)/bin/adapterctl up $(CONFIG) --simulate
@@ -66,3 +66,9 @@ perf: setup
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache
+
+# Mutation testing of the request path and plugins (mutmut; long, not part of `make test`):
+# writes perf/results/mutation.json; the triage of survivors is in docs/testing.md.
+mutation: setup
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[mutation]'
+	$(VENV)/bin/python scripts/mutation.py $(MUTATION_ARGS)
