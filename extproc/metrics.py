@@ -21,7 +21,7 @@ buffers its updates (`Pending`) and writes them every 250 ms, so a request costs
 | adapter_processor_batch_size | histogram | route, backend, model (tensor routes) |
 | adapter_processor_admission_total | counter | tenant, result (admitted, rejected, stale) |
 | adapter_processor_config_mismatch_total | counter | (streams refused: Envoy's config digest unknown to the worker) |
-| adapter_processor_upstream_first_byte_seconds | histogram | route, backend (time to the backend's first byte, from Envoy's access log: TTFT for streams) |
+| adapter_processor_upstream_first_byte_seconds | histogram | route, backend (time to the backend's first byte: TTFT for streams; from Envoy's access log, or the ext_proc stream on routes that read the response) |
 | adapter_processor_feedback_entries_total | counter | result (matched, late, orphan): Envoy access-log entries received |
 """
 

@@ -31,6 +31,7 @@ import openai
 import pytest
 
 from backends.simulator_openai import SimulatorSettings, build_app, count_tokens, serve
+from tests.promtext import families, parse
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -158,15 +159,10 @@ def _metrics(sim: Simulator) -> str:
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
-    """Value of one sample of the Prometheus text exposition."""
-    for line in text.splitlines():
-        match = re.fullmatch(r"([^{\s]+)(?:\{(.*)\})? (\S+)", line)
-        if not match or match.group(1) != name:
-            continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
-        if all(found.get(k) == v for k, v in labels.items()):
-            return float(match.group(3))
-    raise AssertionError(f"no sample {name}{labels} in metrics")
+    """Value of the one series named `name` whose labels include `labels`, from the parsed exposition."""
+    matches = {lab: v for lab, v in parse(text).series(name).items() if set(labels.items()) <= set(lab)}
+    assert len(matches) == 1, f"{name}{labels}: {matches or 'no sample'}"
+    return next(iter(matches.values()))
 
 
 def _gauge(sim: Simulator, name: str, model: str = BASE_MODEL) -> float:
@@ -413,19 +409,19 @@ def test_h2c_prior_knowledge(fast_sim: Simulator) -> None:
 def test_metrics_expose_vllm_names(fast_sim: Simulator) -> None:
     fast_sim.client().chat.completions.create(model=LORA, messages=_user("count me"), max_tokens=3)
     text = _metrics(fast_sim)
-    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+    names = parse(text, skip_created=False).names()
     for name in VLLM_METRICS:
         family = {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"}
         assert names & family, f"{name} missing from /metrics"
     assert not any(n.endswith("_created") for n in names)
-    assert "# TYPE vllm:prompt_tokens_total counter" in text or "# TYPE vllm:prompt_tokens counter" in text
+    assert families(text)["vllm:prompt_tokens"] == "counter"
     # LoRA traffic is accounted to the base model, as vLLM does.
     assert _sample(text, "vllm:generation_tokens_total", model_name=BASE_MODEL) >= 3
     assert _sample(text, "vllm:request_success_total", model_name=BASE_MODEL, finished_reason="length") >= 1
     assert _sample(text, "vllm:time_to_first_token_seconds_count", model_name=BASE_MODEL) >= 1
     assert _sample(text, "vllm:kv_cache_usage_perc", model_name=BASE_MODEL) == 0.0
     assert _sample(text, "vllm:num_requests_running", model_name=BASE_MODEL) == 0.0
-    assert "vllm:lora_requests_info" in text
+    assert "vllm:lora_requests_info" in names
 
 
 # -- engine behaviour -------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pytest
 
 from extproc.stack import free_port
 from tests.e2e.conftest import metric_sum, wait_metric
+from tests.promtext import scrape
 from tests.e2e.test_xds_live import Load, echo, procs, wait_for  # noqa: F401  (procs is a fixture)
 
 pytestmark = pytest.mark.e2e
@@ -200,3 +201,15 @@ spec:
     ok = httpx.post(f"{st.url}/v1/chat/completions", json=chat, timeout=10)
     assert ok.status_code == 200
     assert wait_metric(url, "adapter_processor_requests_total", 1, route="v1", outcome="ok") == 1
+    s = scrape(url)
+    assert s.series("adapter_processor_requests_total") == {  # nothing else was counted, under no other label
+        (("outcome", "backend_error"), ("route", "v1")): 5.0, (("outcome", "backend_error"), ("route", "v1-completions")): 5.0,
+        (("outcome", "cancelled"), ("route", "v1")): 3.0, (("outcome", "ok"), ("route", "v1")): 1.0}
+    # only the passthrough route asks Envoy's access log for its end: five entries, each matched; the
+    # backend's first byte is known for every request that reached it (the openai route's from its stream)
+    assert s.series("adapter_processor_feedback_entries_total") == {(("result", "matched"),): 5.0}
+    assert s.series("adapter_processor_upstream_first_byte_seconds_count") == {
+        (("backend", "llm"), ("route", "v1")): 9.0, (("backend", "llm"), ("route", "v1-completions")): 5.0}
+    assert s.value("adapter_processor_upstream_first_byte_seconds_bucket", backend="llm", route="v1-completions",
+                   le="+Inf") == 5
+    assert s.value("adapter_processor_streams_active") == 0

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.conftest import REPO
-from tests.e2e.conftest import metric_sum, wait_metric
+from tests.promtext import scrape, wait_samples
 
 pytestmark = pytest.mark.e2e
 CONFIG = REPO / "examples" / "inference-backends.yaml"
@@ -36,12 +36,17 @@ def client(stack):
 
 
 def metric(stack, name: str, **labels) -> float:
-    return metric_sum(f"{stack.processor_admin_url}/metrics", name, **labels)
+    """The one series with exactly these labels (0 before its first count)."""
+    return scrape(f"{stack.processor_admin_url}/metrics").value(name, 0.0, **labels)
 
 
 def metric_after(stack, name: str, expected: float, **labels) -> float:
-    """The metric once it reached `expected` (usage is counted when the request's end is reported)."""
-    return wait_metric(f"{stack.processor_admin_url}/metrics", name, expected, **labels)
+    """The series once it reached `expected` (usage is counted when the request's end is reported)."""
+    return wait_samples(f"{stack.processor_admin_url}/metrics",
+                        lambda s: s.value(name, 0.0, **labels) >= expected).value(name, 0.0, **labels)
+
+
+TOKENS = {"route": "v1", "tenant": "none"}  # the `/v1/` openai route; no tenants configured
 
 
 def test_models_lists_what_the_gateway_serves(client):
@@ -51,11 +56,12 @@ def test_models_lists_what_the_gateway_serves(client):
 
 def test_requests_go_to_the_backend_serving_the_model(stack, client):
     for model, backend in (("llama-3-8b", "vllm-general"), ("fin-lora", "vllm-finance")):
-        before = metric(stack, "adapter_processor_tokens_total", backend=backend, model=model, type="completion")
+        before = metric(stack, "adapter_processor_tokens_total", backend=backend, model=model, type="completion",
+                        **TOKENS)
         r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert r.model == model and r.usage.completion_tokens == 3
         after = metric_after(stack, "adapter_processor_tokens_total", before + 3, backend=backend, model=model,
-                             type="completion")
+                             type="completion", **TOKENS)
         assert after - before == 3  # usage counted per route, backend and model
 
 
@@ -66,7 +72,8 @@ def test_unknown_model_is_a_404_the_client_understands(client):
 
 
 def test_stream_arrives_chunk_by_chunk_and_usage_is_counted(stack, client):
-    before = metric(stack, "adapter_processor_tokens_total", model="llama-3-8b", type="completion")
+    before = metric(stack, "adapter_processor_tokens_total", backend="vllm-general", model="llama-3-8b",
+                    type="completion", **TOKENS)
     started = time.perf_counter()
     arrivals, text = [], ""
     stream = client.chat.completions.create(model="llama-3-8b", messages=[{"role": "user", "content": "tell"}],
@@ -81,8 +88,8 @@ def test_stream_arrives_chunk_by_chunk_and_usage_is_counted(stack, client):
     # 40 tokens at 40 tokens/s: the first token arrives long before the backend produced the last
     assert total > 0.6 and arrivals[1] < total / 4, arrivals
     assert len(text.split()) == 40
-    counted = metric_after(stack, "adapter_processor_tokens_total", before + 40, model="llama-3-8b",
-                           type="completion") - before
+    counted = metric_after(stack, "adapter_processor_tokens_total", before + 40, backend="vllm-general",
+                           model="llama-3-8b", type="completion", **TOKENS) - before
     assert counted == 40  # from the usage chunk the processor asked for and then removed
 
 

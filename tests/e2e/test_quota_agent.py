@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import wait_metric
+from tests.promtext import wait_samples
 
 pytestmark = pytest.mark.e2e
 WINDOW = 1.0
@@ -50,9 +50,14 @@ spec:
     st.stop()
 
 
+ANSWERS: dict[tuple[str, int], int] = {}  # (tenant, status) -> responses seen, for the admission counters
+
+
 def ask(stack, team: str) -> httpx.Response:
-    return httpx.post(f"{stack.url}/v1/completions", headers={"x-team": team}, timeout=10,
-                      json={"model": "qwen2.5-finance", "prompt": "q", "max_tokens": 1})
+    r = httpx.post(f"{stack.url}/v1/completions", headers={"x-team": team}, timeout=10,
+                   json={"model": "qwen2.5-finance", "prompt": "q", "max_tokens": 1})
+    ANSWERS[team, r.status_code] = ANSWERS.get((team, r.status_code), 0) + 1
+    return r
 
 
 def wait_for(stack, team: str, status: int, limit: float) -> float:
@@ -86,5 +91,11 @@ def test_over_quota_tenant_is_refused_and_recovers(stack):
         burner.wait()
     recovered = wait_for(stack, "busy", 200, 10)
     assert recovered <= 2 * WINDOW + 0.5, f"429s went on for {recovered:.2f}s after the tenant recovered"
-    assert wait_metric(f"{stack.processor_admin_url}/metrics", "adapter_processor_admission_total", 1,
-                       result="rejected", tenant="busy") >= 1
+    # every answer counted once, by tenant and result: a 429 is `rejected`, a 200 `admitted` (or `stale`
+    # had the agent's snapshot aged past staleAfter, which it must not here)
+    assert set(ANSWERS) <= {(t, c) for t in ("busy", "calm") for c in (200, 429)}, ANSWERS
+    want = {(("result", "rejected" if c == 429 else "admitted"), ("tenant", t)): float(n) for (t, c), n in ANSWERS.items()}
+    url = f"{stack.processor_admin_url}/metrics"
+    got = wait_samples(url, lambda s: s.series("adapter_processor_admission_total") == want)
+    assert got.series("adapter_processor_admission_total") == want
+    assert ANSWERS["busy", 429] >= 1 and ANSWERS.get(("calm", 429), 0) == 0

@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from tests.ebpf.conftest import FLATBUFFERS_REASON, Burners, ebpf_reason, needs_ebpf, needs_root
+from tests.promtext import parse
 
 pytest.importorskip("flatbuffers", reason=FLATBUFFERS_REASON)
 
@@ -127,12 +128,20 @@ def test_quota_holds_and_unlimited_tenant_gets_the_rest(burn_run):
 
 @needs_ebpf
 def test_metrics_exposed(burn_run):
-    m = burn_run["metrics"]
-    for line in ('adapter_ebpf_tenant_cpu_used_cpus{tenant="lim"}', 'adapter_ebpf_tenant_cpu_limit_cpus{tenant="lim"} 0.2',
-                 'adapter_ebpf_tenant_cpu_seconds_total{tenant="free"}', 'adapter_ebpf_tenant_throttled_seconds_total',
-                 'adapter_ebpf_agent_info{source="ebpf"} 1.0', "adapter_ebpf_snapshot_generation"):
-        assert line in m, line
-    assert 'adapter_ebpf_tenant_cpu_limit_cpus{tenant="free"}' not in m
+    m = parse(burn_run["metrics"])
+    tenants = {(("tenant", "lim"),), (("tenant", "free"),)}
+    assert set(m.series("adapter_ebpf_tenant_cpu_used_cpus")) == tenants
+    assert m.value("adapter_ebpf_tenant_cpu_used_cpus", tenant="lim") == pytest.approx(LIMIT, abs=0.05)
+    assert m.series("adapter_ebpf_tenant_cpu_limit_cpus") == {(("tenant", "lim"),): LIMIT}  # unlimited: absent
+    for name in ("adapter_ebpf_tenant_cpu_seconds_total", "adapter_ebpf_tenant_throttled_seconds_total",
+                 "adapter_ebpf_tenant_throttled_periods_total", "adapter_ebpf_tenant_cgroup_recreated_total"):
+        assert set(m.series(name)) == tenants, name
+    assert m.value("adapter_ebpf_tenant_cpu_seconds_total", tenant="free") > 0
+    assert m.value("adapter_ebpf_tenant_throttled_periods_total", tenant="lim") > 0  # held at its quota
+    assert m.value("adapter_ebpf_tenant_throttled_periods_total", tenant="free") == 0
+    assert m.value("adapter_ebpf_tenant_throttled_seconds_total", tenant="free") == 0
+    assert m.series("adapter_ebpf_agent_info") == {(("source", "ebpf"),): 1.0}
+    assert m.value("adapter_ebpf_snapshot_generation") >= 1
 
 
 # --- fallback ---------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from extproc.feedback import AccessLogFeedback, completion_of
 from extproc.lifecycle import Completion, Lifecycle
 from extproc.metrics import ProcessorMetrics
 from extproc.types import Outcome, RequestState
+from tests.promtext import collect
 
 
 def entry(token: str | None = "0-1", *, address: str | None = "127.0.0.1", port: int = 9002, status: int | None = 200,
@@ -172,14 +173,14 @@ def test_entries_match_their_own_requests_only():
 def test_entries_without_a_token_are_ignored():
     rec = Recorder()
     lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
-    metrics = ProcessorMetrics(CollectorRegistry())
+    metrics = ProcessorMetrics(registry := CollectorRegistry())
     fb = AccessLogFeedback(lc, metrics)
     st = open_request(lc)
     lc.stream_ended(st, "end", now=0.0)
     fb.handle(message(entry(None, status=500), entry("", status=500)))
     assert rec.calls == [] and st.outcome is None and st.completion is None
     assert fb.entries == 2 and lc._orphans == {}
-    assert metrics.feedback_entries.labels("matched")._value.get() == 0
+    assert collect(registry).series("adapter_processor_feedback_entries_total") == {}  # no token: not counted
     fb.handle(message(entry(None), entry(st.token, status=200)))
     assert rec.calls == [(st.token, Outcome.OK)] and fb.entries == 4
 
@@ -187,15 +188,15 @@ def test_entries_without_a_token_are_ignored():
 def test_an_entry_arriving_twice_finishes_once_and_counts_late():
     rec = Recorder()
     lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
-    metrics = ProcessorMetrics(CollectorRegistry())
+    metrics = ProcessorMetrics(registry := CollectorRegistry())
     fb = AccessLogFeedback(lc, metrics)
     st = open_request(lc)
     lc.stream_ended(st, "end", now=0.0)
     fb.handle(message(entry(st.token, status=200)))
     fb.handle(message(entry(st.token, status=500)))
     assert rec.calls == [(st.token, Outcome.OK)] and lc.late_entries == 1
-    assert metrics.feedback_entries.labels("matched")._value.get() == 1
-    assert metrics.feedback_entries.labels("late")._value.get() == 1
+    assert collect(registry).series("adapter_processor_feedback_entries_total") == {
+        (("result", "matched"),): 1.0, (("result", "late"),): 1.0}
 
 
 def test_entry_after_the_deadline_is_late():
@@ -220,11 +221,10 @@ def test_entry_of_an_unknown_token_waits_as_an_orphan():
 
 def test_orphan_entries_are_counted_as_orphans():
     lc = Lifecycle(0, feedback=True, boot="a")
-    metrics = ProcessorMetrics(CollectorRegistry())
+    metrics = ProcessorMetrics(registry := CollectorRegistry())
     fb = AccessLogFeedback(lc, metrics)
     fb.handle(message(entry("0.a-99", status=200)))
-    assert metrics.feedback_entries.labels("matched")._value.get() == 0
-    assert metrics.feedback_entries.labels("orphan")._value.get() == 1
+    assert collect(registry).series("adapter_processor_feedback_entries_total") == {(("result", "orphan"),): 1.0}
 
 
 # --- the gRPC method ------------------------------------------------------------------------------

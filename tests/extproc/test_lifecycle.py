@@ -26,6 +26,7 @@ from extproc.runtime import Runtime
 from extproc.stream import ConfigRef, ExtProcService
 from extproc.types import Outcome, RequestState
 from tests.conftest import DATA
+from tests.promtext import collect
 
 RECORDED = DATA / "recorded"
 SEQUENCES = {
@@ -160,9 +161,8 @@ async def test_processor_rejection_is_done_at_once_and_a_later_entry_is_ignored(
     assert [o for v in rec.done.values() for o in v] == [Outcome.REJECTED]  # the processor answered: known
     (token,) = rec.done
     assert svc.runtime.lifecycle.completed(token, Completion(status=400)) == "late"
-    svc.flush_metrics()
-    assert registry.get_sample_value("adapter_processor_requests_total",
-                                     {"route": "v1-analyze", "outcome": "rejected"}) == 1
+    assert collect(registry, [svc]).series("adapter_processor_requests_total") == {
+        (("outcome", "rejected"), ("route", "v1-analyze")): 1.0}
 
 
 async def test_a_route_that_reads_the_response_learns_its_end_from_the_stream():
@@ -199,11 +199,8 @@ async def test_backend_500_is_a_backend_error_not_ok():
     status = next(h for h in reqs[2].response_headers.headers.headers if h.key == ":status")
     status.raw_value = b"500"
     await run_stream(svc, "v1-analyze", reqs[:3], "eof")
-    svc.flush_metrics()
-    assert registry.get_sample_value("adapter_processor_requests_total",
-                                     {"route": "v1-analyze", "outcome": "backend_error"}) == 1
-    assert registry.get_sample_value("adapter_processor_requests_total",
-                                     {"route": "v1-analyze", "outcome": "ok"}) is None
+    assert collect(registry, [svc]).series("adapter_processor_requests_total") == {  # and no `ok`
+        (("outcome", "backend_error"), ("route", "v1-analyze")): 1.0}
 
 
 async def test_passthrough_outcome_comes_from_envoys_entry():
@@ -307,7 +304,6 @@ async def test_only_configured_models_become_token_label_values():
             0, lambda st, o, m=model: setattr(st, "request", InferenceRequest(api="openai.chat", model=m)))
         await stream()
         del svc.runtime.lifecycle.observers[0]
-    svc.flush_metrics()
-    labels = {s.labels["model"] for m in registry.collect() if m.name == "adapter_processor_tokens"
-              for s in m.samples if s.name.endswith("_total")}
-    assert labels == {"qwen2.5-finance", "other"}
+    assert collect(registry, [svc]).series("adapter_processor_tokens_total") == {
+        (("backend", "fake"), ("model", m), ("route", "v1-chat-completions"), ("tenant", "none"), ("type", "prompt")): 3.0
+        for m in ("qwen2.5-finance", "other")}

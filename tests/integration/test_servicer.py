@@ -21,6 +21,7 @@ from extproc.config.loader import load_file
 from extproc.metrics import ProcessorMetrics
 from extproc.stream import ConfigRef, ExtProcService
 from tests.conftest import DATA
+from tests.promtext import collect
 
 pytestmark = pytest.mark.integration
 RECORDED = DATA / "recorded"
@@ -70,13 +71,13 @@ class _Flushed:
     def __init__(self, registry, svc):
         self.registry, self.svc = registry, svc
 
-    def get_sample_value(self, name, labels=None):
-        self.svc.flush_metrics()
-        return self.registry.get_sample_value(name, labels)
+    def samples(self):
+        return collect(self.registry, [self.svc])
 
 
 def sample(registry, name, **labels) -> float:
-    return registry.get_sample_value(name, labels) or 0.0
+    """The one series with exactly these labels, from the parsed exposition (absent: AssertionError)."""
+    return registry.samples().value(name, **labels)
 
 
 async def test_llm_route_full_exchange(service):
@@ -172,6 +173,7 @@ async def test_envoy_reset_mid_stream_is_a_normal_end(service):
     call = stub.Process(metadata=(("x-adapter-route", "v1-analyze"),))
     await call.write(recorded("v1-analyze-rec-llm-ok.txtpb")[0])
     await call.read()
+    assert sample(registry, "adapter_processor_streams_active") == 1  # counted while open
     call.cancel()  # what Envoy does once it needs nothing more
     for _ in range(100):
         if sample(registry, "adapter_processor_streams_active") == 0:
