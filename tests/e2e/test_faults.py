@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -116,7 +117,7 @@ def _generations(st, n: int = 12) -> set[int]:
     return gens
 
 
-def test_reload_applies_a_valid_config_and_keeps_the_last_good_one(stack_factory, tmp_path):
+def test_reload_applies_a_valid_config_and_keeps_the_last_good_one(stack_factory, tmp_path, caplog):
     cfg = tmp_path / "live.yaml"
     cfg.write_text(FAULTS.read_text())
     st = stack_factory(cfg, simulate={"llm"})
@@ -130,7 +131,14 @@ def test_reload_applies_a_valid_config_and_keeps_the_last_good_one(stack_factory
     r = httpx.post(f"{st.url}/v1/analyze", content=b'{"query": "q"}', timeout=10)
     assert set(r.json()["voucher"]) == {"amount", "acct"}
     cfg.write_text("apiVersion: adapter.ai/v1\nkind: AdapterGateway\nspec: {routes: []}\n")  # invalid
-    st.supervisor.reload()
-    time.sleep(1.0)
+    caplog.set_level(logging.ERROR, logger="extproc.supervisor")
+    refused = st.supervisor.reload()  # returns once the refusal is logged: nothing is left to happen
+    assert not refused.accepted and refused.generation == 2 and f"{cfg}:3: spec.routes" in refused.errors
+    logged = [r.getMessage() for r in caplog.records if "config reload refused" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].startswith("config reload refused, keeping generation 2 ")
+    assert f"{cfg}:3: spec.routes" in logged[0]
+    state = httpx.get(f"{st.processor_admin_url}/config", timeout=10).json()
+    assert state["reloads"] == {"accepted": 1, "refused": 1} and state["generation"] == 2
+    assert [w["generation"] for w in state["workers"]] == [2, 2]
     assert _generations(st) == {2}  # refused: still serving the last good config
     assert httpx.post(f"{st.url}/v1/analyze", content=b'{"query": "q"}', timeout=10).status_code == 200
