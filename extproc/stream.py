@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 KEEP_SNAPSHOTS = 4  # recent snapshots kept for streams from Envoy routes of an older digest
 _RESPONSE_HEADERS = Phase.RESPONSE_HEADERS  # module constants: an enum member lookup costs ~0.4 us
 _RESPONSE_BODY = Phase.RESPONSE_BODY
+_REQUEST_PHASES = frozenset({Phase.REQUEST_HEADERS, Phase.REQUEST_BODY, Phase.REQUEST_TRAILERS})
 
 
 class ConfigRef:
@@ -128,6 +129,7 @@ class ExtProcService:
         self.observer = RequestObserver(metrics)
         self.runtime = runtime if runtime is not None else Runtime()
         self.runtime.lifecycle.observers.append(self.observer)
+        self.runtime.metrics_sink = self.observer  # scheduling profiles time their plugins into `pending`
         if self.runtime.installed is None:
             self.runtime.install(config.current)
         config.listeners.append(self.runtime.install)
@@ -227,6 +229,11 @@ class ExtProcService:
                     state.reply_code = verdict.reason
                     if isinstance(verdict, Reject):
                         pending.inc(self._child(m.errors, label, verdict.code))
+                        if phase in _REQUEST_PHASES and state.observed is None and verdict.code != "stage_error":
+                            # refused before any backend was asked (unknown route, config mismatch,
+                            # quota, no capacity): a rejection whatever its status, never a backend error
+                            # (a stage's own failure, 500 stage_error, stays counted by its status)
+                            state.observed = Outcome.REJECTED
                     state.complete = True
                 yield resp
                 if answered:

@@ -32,9 +32,10 @@ class Phase(enum.Enum):
 class Outcome(enum.Enum):
     """How one request ended; the value is the `outcome` label of `adapter_processor_requests_total`.
 
-    ok: answered (2xx/3xx, by the backend or the processor); rejected: refused with a 4xx (by the
-    processor, e.g. 400/401/413/429, or by the backend); backend_error: a 5xx, from the backend or on
-    its behalf (Envoy's 503 for a backend that is down, the processor's 502 for output it cannot map);
+    ok: answered (2xx/3xx, by the backend or the processor); rejected: refused by the processor before
+    any backend was asked, whatever the status (400/401/404/413/429, and the 503s unknown_route,
+    config_mismatch, quota_data_stale, no_capacity), or a 4xx from the backend; backend_error: a 5xx
+    from the backend or on its behalf (Envoy's 503 for a backend that is down, the processor's 502 for output it cannot map);
     truncated: the backend ended a stream before it was complete; cancelled: the client went away
     (reset, disconnect) before the answer was complete; timeout: the upstream or stream timed out (504).
     """
