@@ -21,7 +21,12 @@ run: setup
 	$(VENV)/bin/adapterctl up $(CONFIG) --simulate
 
 test: setup
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	@rm -rf .run/coverage
+	$(VENV)/bin/python -m coverage run -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(VENV)/bin/python -m coverage combine -q; \
+	echo "branch coverage of the request path (goal 90%, not enforced; docs/testing.md):"; \
+	$(VENV)/bin/python -m coverage report; \
+	exit $$rc
 
 setup: $(STAMP) $(ENVOY) ebpf-setup $(MLSERVER)
 

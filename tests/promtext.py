@@ -111,3 +111,18 @@ def wait_samples(url: str, ready, timeout: float = 5.0) -> Samples:
         time.sleep(0.05)
         s = scrape(url)
     return s
+
+
+def settled(url: str, interval: float = 0.3, timeout: float = 5.0) -> Samples:
+    """Scrape until two scrapes `interval` apart agree (longer than the workers' 250 ms flush: updates of
+    requests that already ended are written), for a baseline that later counts are compared with."""
+    deadline = time.monotonic() + timeout
+    last = scrape(url)
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        now = scrape(url)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"{url} did not settle within {timeout}s")
+

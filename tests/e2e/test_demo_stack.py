@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.e2e.conftest import make_stack
-from tests.promtext import scrape, wait_samples
+from tests.promtext import settled, wait_samples
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = REPO / "examples" / "finance-llm-adapter.yaml"
@@ -81,7 +81,7 @@ def test_health_probes_every_backend_over_its_protocol(stack):
 
 def test_processor_metrics_per_route_and_phase(stack):
     url = f"{stack.processor_admin_url}/metrics"
-    before = scrape(url)
+    before = settled(url)  # earlier tests' requests all written
     sent = [httpx.post(f"{stack.url}/v1/analyze", content=b'{"query":"q"}', timeout=10) for _ in range(2)]
     sent.append(httpx.post(f"{stack.url}/v1/analyze", content=b'{"query', timeout=10))
     sent += [httpx.post(f"{stack.url}/v1/fraud-score", json={"features": [0.1] * 8}, timeout=10) for _ in range(3)]
