@@ -181,8 +181,8 @@ async def test_a_stream_with_an_unknown_digest_is_counted_as_a_mismatch_and_as_r
                      **route_md("v1-analyze", **{"x-adapter-config-digest": "sha256:not-this-one"}))
     s = collect(registry, [svc])
     assert s.value("adapter_processor_config_mismatch_total") == 3
-    # answered 503 by the processor: the outcome follows the status (extproc/lifecycle.py derive_outcome)
-    assert s.series("adapter_processor_requests_total") == {(("outcome", "backend_error"), ("route", "unknown")): 3.0}
+    # refused by the processor before any backend was asked: `rejected`, whatever the status (503)
+    assert s.series("adapter_processor_requests_total") == {(("outcome", "rejected"), ("route", "unknown")): 3.0}
     # the error is labelled with the route Envoy named (a route of the current config), the request with
     # "unknown" (the stream served no route): as extproc/stream.py does today
     assert s.series("adapter_processor_errors_total") == {(("reason", "config_mismatch"), ("route", "v1-analyze")): 3.0}
