@@ -17,6 +17,12 @@ Endpoints
     ``POST /v1/chat/completions``, ``POST /v1/completions``,
     ``POST /v1/embeddings``, ``GET /v1/models``, ``GET /health``,
     ``GET|POST /ping``, ``GET /version``, ``GET /metrics``.
+    ``GET /simulator/requests`` (a simulator-only test hook, like the
+    ``x-simulator-fault`` header; vLLM has no such endpoint): the last
+    ``RECEIVED_KEPT`` requests received, oldest first, as ``{"requests": [...]}``,
+    each with ``method``, ``path`` and ``body_bytes``, and, once a generation or
+    embedding request reached its engine, the ``model`` and the ``priority`` the
+    engine queued it with.  Lets a test see what a gateway forwarded.
 
 Content
     * Free text: words from a fixed vocabulary, one word per token; exactly
@@ -63,6 +69,7 @@ import asyncio
 import contextvars
 import base64
 import bisect
+import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -98,6 +105,7 @@ DEFAULT_MAX_TOKENS = 16
 EMBEDDING_DIM = 16
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_N = 128
+RECEIVED_KEPT = 256  # requests kept for GET /simulator/requests
 SHUTDOWN_GRACE_S = 0.5  # in-flight requests get this long to finish on shutdown, then are aborted
 
 _VOCAB = (
@@ -652,6 +660,15 @@ async def _send_json(send: Callable, payload: Any, status: int = 200,
 
 
 _FAULT: contextvars.ContextVar["_Fault | None"] = contextvars.ContextVar("simulator_fault", default=None)
+# this request's entry in SimulatorApp.received (GET /simulator/requests)
+_RECEIVED: contextvars.ContextVar["dict | None"] = contextvars.ContextVar("simulator_received", default=None)
+
+
+def _note_job(model: str, job: "_Job") -> None:
+    """Record what the engine queued this request with (GET /simulator/requests)."""
+    entry = _RECEIVED.get()
+    if entry is not None:
+        entry.update(model=model, priority=job.priority)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -720,6 +737,7 @@ class SimulatorApp:
         self.registry = CollectorRegistry(auto_describe=False)  # per app: no global state
         self.registry.register(_EngineCollector(self.engines, settings.loras))
         self._in_flight: set[asyncio.Task] = set()
+        self.received: collections.deque[dict] = collections.deque(maxlen=RECEIVED_KEPT)
         self._routes: dict[str, dict[str, Callable]] = {
             "/v1/chat/completions": {"POST": self._chat_completions},
             "/v1/completions": {"POST": self._completions},
@@ -729,6 +747,7 @@ class SimulatorApp:
             "/ping": {"GET": self._health, "POST": self._health},
             "/version": {"GET": self._version},
             "/metrics": {"GET": self._metrics},
+            "/simulator/requests": {"GET": self._received},
         }
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -786,6 +805,10 @@ class SimulatorApp:
             started = True
             await send(message)
 
+        if not scope["path"].startswith("/simulator/"):
+            entry = {"method": scope["method"], "path": scope["path"], "body_bytes": len(body)}
+            self.received.append(entry)
+            _RECEIVED.set(entry)
         try:
             for key, value in scope.get("headers", ()):
                 if key == b"x-simulator-fault":
@@ -887,6 +910,7 @@ class SimulatorApp:
         completion_tokens = sum(len(c.pieces) for c in choices)
         self._check_footprint(prompt_tokens + completion_tokens)
         job = engine.new_job(model, prompt_tokens, completion_tokens, options.priority)
+        _note_job(model, job)
         steps = max((len(c.pieces) for c in choices), default=0)
         response_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
@@ -960,6 +984,7 @@ class SimulatorApp:
                     f"{tokens} tokens in the input for embedding generation. Please reduce the length of the input.")
         self._check_footprint(prompt_tokens)
         job = engine.new_job(model, prompt_tokens, 0, _int_field(request, "priority", default=0))
+        _note_job(model, job)
         async with engine.run(job):
             pass
         data = []
@@ -989,6 +1014,9 @@ class SimulatorApp:
 
     async def _version(self, body: bytes, send: Callable) -> None:
         await _send_json(send, {"version": VERSION})
+
+    async def _received(self, body: bytes, send: Callable) -> None:
+        await _send_json(send, {"requests": list(self.received)})
 
     async def _metrics(self, body: bytes, send: Callable) -> None:
         await _send_response(send, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST.encode())

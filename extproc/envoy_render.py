@@ -178,7 +178,7 @@ def _jwt_filters(tenancy: Any) -> list[dict[str, Any]]:
     """jwt_authn verifying the token and copying the tenant claim into the tenancy header.
 
     A missing token is let through (the processor answers 401 naming what is missing, or the route
-    has no tenants); an invalid token is refused by Envoy (401)."""
+    has no tenants); an invalid token is refused by Envoy (401; 403 for a token of another audience)."""
     if tenancy.source != "jwt":
         return []
     jwt = tenancy.jwt

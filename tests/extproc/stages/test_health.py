@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import selectors
+import socket
 import subprocess
 import sys
+import threading
 
 import orjson
 import pytest
 
 from extproc.config.loader import load_text
 from extproc.probe import probe_endpoint
-from extproc.stack import free_port, wait_http
+from extproc.stack import free_port, stop_process, wait_http
 from extproc.stages.health import Health
 from extproc.types import HttpMessage, Phase, Reject, RequestState
 
@@ -38,8 +41,7 @@ def h2_server():
         wait_http(f"http://127.0.0.1:{port}/health", 20, p)
         yield port
     finally:
-        p.terminate()
-        p.wait(5)
+        stop_process(p)  # SIGTERM, bounded wait, then SIGKILL
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +53,7 @@ def http1_server():
         wait_http(f"http://127.0.0.1:{port}/", 20, p)
         yield port
     finally:
-        p.terminate()
-        p.wait(5)
+        stop_process(p)  # SIGTERM, bounded wait, then SIGKILL
 
 
 async def test_probe_speaks_each_protocol(h2_server, http1_server):
@@ -108,9 +109,99 @@ async def test_health_all_ok(h2_server):
     assert v.status == 200 and orjson.loads(v.body)["status"] == "ok"
 
 
-def test_probes_run_in_parallel_within_the_timeout(h2_server):
-    # Ten unreachable endpoints (a non-routable address would hang): all bounded by one timeout.
-    async def main():
-        return await asyncio.gather(*(probe_endpoint("127.0.0.1", free_port(), "/", "http", 0.5) for _ in range(10)))
+class SilentServers:
+    """`n` listening sockets that accept connections and never answer, on a thread of their own.
 
-    assert all(r["status"] == "down" for r in asyncio.run(main()))
+    `events` records, in the order this thread saw them, `("accept", i)` when endpoint i's
+    connection was accepted and `("closed", i)` when the prober closed it (EOF)."""
+
+    def __init__(self, n: int):
+        self.listeners = []
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen(16)
+            s.setblocking(False)
+            self.listeners.append(s)
+        self.ports = [s.getsockname()[1] for s in self.listeners]
+        self.events: list[tuple[str, int]] = []
+        self._conns: dict[socket.socket, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="silent-servers", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        for i, s in enumerate(self.listeners):
+            sel.register(s, selectors.EVENT_READ, ("listener", i))
+        while not self._stop.is_set():
+            ready = sel.select(timeout=0.05)
+            # accepts first: a connection is never reported closed before another one ready now
+            for key, _ in sorted(ready, key=lambda kv: kv[0].data[0] != "listener"):
+                what, i = key.data
+                if what == "listener":
+                    try:
+                        conn, _ = key.fileobj.accept()
+                    except BlockingIOError:
+                        continue
+                    conn.setblocking(False)
+                    self._conns[conn] = i
+                    self.events.append(("accept", i))
+                    sel.register(conn, selectors.EVENT_READ, ("conn", i))
+                else:
+                    try:
+                        data = key.fileobj.recv(65536)  # the probe's request: read, never answered
+                    except ConnectionError:
+                        data = b""
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()
+                        self.events.append(("closed", i))
+        sel.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for s in [*self.listeners, *self._conns]:
+            s.close()
+
+
+@pytest.fixture
+def silent_servers():
+    servers = SilentServers(6)
+    yield servers
+    servers.close()
+
+
+@pytest.mark.timeout(30)  # without the probe timeout this test hangs: the guard turns that into a failure
+async def test_probes_run_in_parallel_and_each_is_bounded_by_the_timeout(silent_servers):
+    """Two backends of three endpoints each, all accepting and never answering: the health stage
+    returns, every endpoint is reported as not answering within the probe timeout, and every
+    connection was accepted before any probe gave up (the probes ran at the same time)."""
+    ports = silent_servers.ports
+    snap = load_text(f"""
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {{name: h}}
+spec:
+  backends:
+    - {{name: a, endpoints: [{", ".join(f'"127.0.0.1:{p}"' for p in ports[:3])}]}}
+    - {{name: b, endpoints: [{", ".join(f'"127.0.0.1:{p}"' for p in ports[3:])}]}}
+  routes:
+    - {{path: /a, target: a}}
+    - {{path: /b, target: b}}
+""")
+    st = RequestState(snapshot=snap, route=snap.routes["adapter-health"], started=0.0)
+    v = await Health(timeout=0.5).on_request_headers(st, HttpMessage(Phase.REQUEST_HEADERS,
+                                                                     headers={":path": "/health/adapter"}))
+    doc = orjson.loads(v.body)
+    assert v.status == 503 and doc["failed"] == ["backend a", "backend b"]
+    reported = {e["address"]: e for b in ("a", "b") for e in doc["backends"][b]["endpoints"]}
+    assert set(reported) == {f"127.0.0.1:{p}" for p in ports}
+    assert all(e["status"] == "down" and e["error"] == "no answer within 0.5s" for e in reported.values())
+    # every probe closed its connection when it gave up; wait for the server thread to see all of it
+    while len(silent_servers.events) < 2 * len(ports):
+        await asyncio.sleep(0.01)
+    events = list(silent_servers.events)
+    assert sorted(events[:len(ports)]) == [("accept", i) for i in range(len(ports))], events
+    assert sorted(events[len(ports):]) == [("closed", i) for i in range(len(ports))], events
