@@ -9,13 +9,14 @@ The survivors are listed by mutant name so that `mutmut show <name>` (in .mutati
 the diff; the triage is in docs/testing.md.
 
 Why a copy: mutmut writes a mutated tree (mutants/) next to its config; the run happens in
-.mutation/ (git-ignored), a copy of the files git knows, so the working tree is never touched and
-a run can go on while you edit.
+.mutation/<group>/ (git-ignored), an export of HEAD (`--ref`), so the working tree is never touched,
+uncommitted edits do not leak in, and a run can go on while you edit.
 
 Cost: about 20 mutants per second per core on the fast modules; the whole set is a few thousand
 mutants, tens of minutes on 2 cores. Not part of `make test`.
 
-Usage: python scripts/mutation.py [--modules GLOB ...] [--max-children N] [--out PATH] [--keep]
+Usage: python scripts/mutation.py [--modules GLOB ...] [--tests PATH ...] [--max-children N]
+       [--out PATH] [--work DIR] [--keep]   (make mutation MUTATION_ARGS="...")
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ DEFAULT_MODULES = [
     "extproc/scheduling/*.py",
 ]
 TESTS = ["tests/extproc", "tests/integration"]
+# Modules whose functions nearly every test calls (each surviving mutant would rerun the whole
+# in-process suite) run as their own group against the tests that judge them.
+GROUPS = {
+    "config": (["extproc/config/compile.py", "extproc/kinds.py"], ["tests/extproc/config", "tests/extproc/test_kinds.py"]),
+}
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no_tests", 33: "no_tests", 36: "timeout",
           -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout"}
 
@@ -58,28 +64,19 @@ def expand(patterns: list[str]) -> list[str]:
                    if p.is_file() and p.suffix == ".py" and (p.name != "__init__.py" or "*" not in pat)})
 
 
-def make_workspace(work: Path) -> None:
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
-                            check=True, capture_output=True).stdout.split(b"\0")
+def make_workspace(work: Path, ref: str) -> None:
+    """`ref`'s tree (HEAD by default: what is committed, not half-edited files) in `work`."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    for raw in listed:
-        if not raw:
-            continue
-        rel = raw.decode()
-        src = REPO / rel
-        if not src.is_file() or rel.startswith(("perf/results/", ".mutation/")):
-            continue
-        dst = work / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
-    for link in (".venv", ".tools"):
+    archive = subprocess.run(["git", "archive", ref], cwd=REPO, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+    for link in (".venv", ".tools"):  # mutmut's own copy (mutants/) gets ADAPTER_ENVOY_BIN instead
         if (REPO / link).exists():
             (work / link).symlink_to(REPO / link)
 
 
-def write_config(work: Path, modules: list[str]) -> None:
+def write_config(work: Path, modules: list[str], tests: list[str]) -> None:
     # mutmut reads [tool.mutmut] from pyproject.toml first, then setup.cfg's [mutmut].
     cfg = ["[mutmut]", "source_paths=extproc", "only_mutate="]
     cfg += [f"    {m}" for m in modules]
@@ -88,7 +85,7 @@ def write_config(work: Path, modules: list[str]) -> None:
     extra = sorted(p.name for p in work.iterdir()
                    if p.name not in ("extproc", "tests", "mutants", "setup.cfg", ".venv", ".tools"))
     cfg += ["also_copy="] + [f"    {e}" for e in extra]
-    cfg += ["pytest_add_cli_args_test_selection="] + [f"    {t}" for t in TESTS]
+    cfg += ["pytest_add_cli_args_test_selection="] + [f"    {t}" for t in tests]
     # -p no:randomly: a fixed order, so a mutant's verdict does not depend on a seed.
     cfg += ["pytest_add_cli_args=", "    -p", "    no:randomly", "    -p", "    no:cacheprovider",
             "    -x", "    -q"]
@@ -116,41 +113,63 @@ def collect(work: Path, modules: list[str]) -> dict:
     return out
 
 
+def run_group(name: str, modules: list[str], tests: list[str], work: Path, children: int, keep: bool,
+              ref: str) -> tuple[int, dict]:
+    if not (keep and work.exists()):
+        make_workspace(work, ref)
+    write_config(work, modules, tests)
+    print(f"mutation[{name}]: {len(modules)} modules against {' '.join(tests)} in {work}, "
+          f"{children} children", flush=True)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    envoy = REPO / ".tools" / "bin" / "envoy"
+    if envoy.exists():
+        env.setdefault("ADAPTER_ENVOY_BIN", str(envoy))
+    rc = subprocess.run([str(Path(sys.executable).with_name("mutmut")), "run", "--max-children", str(children)],
+                        cwd=work, env=env).returncode
+    return rc, collect(work, modules)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modules", nargs="+", default=DEFAULT_MODULES, help="globs relative to the repo")
+    ap.add_argument("--tests", nargs="+", default=None,
+                    help="test paths (default: tests/extproc tests/integration, and per group for the config modules)")
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=str(REPO / "perf" / "results" / "mutation.json"))
     ap.add_argument("--work", default=str(REPO / ".mutation"))
-    ap.add_argument("--keep", action="store_true", help="reuse .mutation/ (mutmut resumes a run)")
+    ap.add_argument("--keep", action="store_true", help="reuse the workspaces (mutmut resumes a run)")
+    ap.add_argument("--ref", default="HEAD", help="the commit whose tree is mutated (default HEAD)")
     args = ap.parse_args(argv)
 
     modules = expand(args.modules)
     if not modules:
         print(f"mutation: no module matches {args.modules}", file=sys.stderr)
         return 2
-    mutmut = Path(sys.executable).with_name("mutmut")
-    if not mutmut.exists():
+    if not Path(sys.executable).with_name("mutmut").exists():
         print("mutation: mutmut is not installed; `make mutation` installs the [mutation] extra",
               file=sys.stderr)
         return 2
-    work = Path(args.work)
-    if not (args.keep and work.exists()):
-        make_workspace(work)
-    write_config(work, modules)
-    print(f"mutation: {len(modules)} modules in {work}, {args.max_children} children", flush=True)
+    if args.tests:
+        plan = [("all", modules, args.tests)]
+    else:
+        grouped = {m for ms, _ in GROUPS.values() for m in ms}
+        plan = [("main", [m for m in modules if m not in grouped], TESTS)]
+        plan += [(g, [m for m in ms if m in modules], tests) for g, (ms, tests) in GROUPS.items()]
+        plan = [p for p in plan if p[1]]
     t0 = time.monotonic()
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    envoy = REPO / ".tools" / "bin" / "envoy"
-    if envoy.exists():
-        env.setdefault("ADAPTER_ENVOY_BIN", str(envoy))
-    rc = subprocess.run([str(mutmut), "run", "--max-children", str(args.max_children)], cwd=work,
-                        env=env).returncode
-    result = collect(work, modules)
+    result: dict = {"modules": {}, "survivors": {}, "groups": {}}
+    rc = 0
+    for name, mods, tests in plan:
+        code, part = run_group(name, mods, tests, Path(args.work) / name, args.max_children, args.keep,
+                               args.ref)
+        rc = rc or code
+        result["modules"].update(part["modules"])
+        result["survivors"].update(part["survivors"])
+        result["groups"][name] = {"modules": mods, "tests": tests, "mutmut_exit": code}
     result["command"] = "make mutation"
-    result["tests"] = TESTS
+    result["ref"] = subprocess.run(["git", "rev-parse", args.ref], cwd=REPO, capture_output=True,
+                                   text=True).stdout.strip()
     result["seconds"] = round(time.monotonic() - t0, 1)
-    result["mutmut_exit"] = rc
     result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -159,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     for mod, c in result["modules"].items():
         score = "-" if c["score"] is None else f"{c['score']:.0%}"
         print(f"{mod:45} {c['killed']:7} {c['survived']:9} {c['timeout']:8} {c['no_tests']:9} {score:>6}")
-    print(f"\nwrote {out} ({result['seconds']} s); survivors: cd {work} && .venv/bin/mutmut show <name>")
+    print(f"\nwrote {out} ({result['seconds']} s); a survivor's diff: cd {args.work}/<group> && "
+          ".venv/bin/mutmut show <name>")
     return rc
 
 
