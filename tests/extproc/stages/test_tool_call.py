@@ -65,3 +65,16 @@ def test_a_call_becomes_the_backend_request_and_a_self_answered_request_passes_i
     refused = RequestState(snapshot=snap, route=r, started=0.0)  # e.g. answered 413: no call was made
     skip = stage.on_response_headers(refused, HttpMessage(Phase.RESPONSE_HEADERS, headers={":status": "413"}))
     assert isinstance(skip, Mutate) and skip.skip_body
+
+
+def test_a_call_with_a_body_is_sent_as_json_with_its_length(route):
+    snap, r = route
+    state = RequestState(snapshot=snap, route=r, started=0.0)
+    verdict = ToolCall().on_request_body(state, body(orjson.dumps(
+        {"jsonrpc": "2.0", "id": "a", "method": "tools/call",
+         "params": {"name": "createPets", "arguments": {"id": 1, "name": "rex"}}})))
+    assert isinstance(verdict, Mutate) and orjson.loads(verdict.body) == {"id": 1, "name": "rex"}
+    headers = dict(verdict.set_headers)
+    assert (headers[":method"], headers[":path"]) == ("POST", "/v1/pets")  # the document's server base path
+    assert headers["content-type"] == "application/json" and headers["content-length"] == str(len(verdict.body))
+    assert state.attrs["jsonrpc_id"] == "a"  # the MCP call is answered with its id as sent
