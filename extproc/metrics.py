@@ -23,6 +23,9 @@ buffers its updates (`Pending`) and writes them every 250 ms, so a request costs
 | adapter_processor_config_mismatch_total | counter | (streams refused: Envoy's config digest unknown to the worker) |
 | adapter_processor_upstream_first_byte_seconds | histogram | route, backend (time to the backend's first byte: TTFT for streams; from Envoy's access log, or the ext_proc stream on routes that read the response) |
 | adapter_processor_feedback_entries_total | counter | result (matched, late, orphan): Envoy access-log entries received |
+| adapter_processor_scheduler_decision_duration_seconds | histogram | profile (one scheduling profile's whole decision) |
+| adapter_processor_scheduler_plugin_duration_seconds | histogram | profile, plugin, slot (filter, scorer, picker): each plugin call in a profile |
+| adapter_processor_scheduler_plugin_errors_total | counter | profile, plugin, slot (plugin calls that raised and were skipped: a filter keeps all, a scorer adds 0) |
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Processor time per phase is sub-millisecond; the buckets resolve 50 us to 1 s.
 TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# A scheduling plugin call is microseconds; the decision budget is 50 us (issue 10).
+SCHEDULER_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.025)
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -67,6 +72,17 @@ class ProcessorMetrics:
                                              buckets=TTFB_BUCKETS, registry=registry)
         self.feedback_entries = Counter(f"{ns}_feedback_entries", "Envoy access-log entries received, by result",
                                         ["result"], registry=registry)
+        self.scheduler_decision_duration = Histogram(f"{ns}_scheduler_decision_duration_seconds",
+                                                     "time of one scheduling profile's decision (filters, scorers, "
+                                                     "picker, framework)", ["profile"], buckets=SCHEDULER_BUCKETS,
+                                                     registry=registry)
+        self.scheduler_plugin_duration = Histogram(f"{ns}_scheduler_plugin_duration_seconds",
+                                                   "time of one plugin call in a scheduling profile",
+                                                   ["profile", "plugin", "slot"], buckets=SCHEDULER_BUCKETS,
+                                                   registry=registry)
+        self.scheduler_plugin_errors = Counter(f"{ns}_scheduler_plugin_errors", "scheduling plugin calls that raised "
+                                               "(the plugin was skipped)", ["profile", "plugin", "slot"],
+                                               registry=registry)
         self.config_generation = Gauge(f"{ns}_config_generation", "generation of the config snapshot in use",
                                        registry=registry, multiprocess_mode="max")
 

@@ -4,8 +4,11 @@ What: one `Runtime` per worker process holds what must survive a config swap: th
 `Lifecycle` (requests in flight and their exactly-once end), the gateway-wide in-flight table
 (`extproc/datalayer/inflight.py`), the plugin instances of `spec.plugins` (built once; on a
 reload `install(snapshot)` calls `configure(old_params, new_params)` on each one still declared
-with the same type, builds new ones and drops removed ones), named caches for stages (model
-metadata, the tenant snapshot reader) and the worker's start time. Stages reach it as
+with the same type, builds new ones and drops removed ones), the scheduling profiles
+(`extproc/scheduling/profile.py`, one per profile name, rebound to the kept plugin instances by
+`configure(old_ref, new_ref)` on every install), named caches for stages (model metadata, the
+tenant snapshot reader), the metrics sink the framework times plugins into (`metrics_sink`:
+the service's `RequestObserver`, buffered) and the worker's start time. Stages reach it as
 `state.runtime`; stage objects themselves are rebuilt with every snapshot and keep no state.
 
 | state | lives in | for how long | shared across workers |
@@ -14,7 +17,8 @@ metadata, the tenant snapshot reader) and the worker's start time. Stages reach 
 | per-request state | `RequestState` | one request | no |
 | open requests, deadlines | `Runtime.lifecycle` | until `on_done` | no (Envoy's access log comes back to the owning worker) |
 | in-flight per endpoint | `Runtime.inflight` (mmap file per worker) | worker lifetime | yes: readers sum every worker's slots |
-| plugin instances (pickers) | `Runtime._plugins` | worker lifetime, reconfigured on reload | no |
+| plugin instances (filters, scorers, pickers) | `Runtime._plugins` | worker lifetime, reconfigured on reload | no |
+| scheduling profiles | `Runtime._profiles` | worker lifetime, rebound on reload | no |
 | caches (model metadata, tenant snapshot reader) | `Runtime.cache(name)` | worker lifetime | no |
 
 Why: a prefix index, EWMA latencies, SLO windows or concurrency limits rebuilt on every config
@@ -29,6 +33,7 @@ import logging
 import time
 from typing import Any, Callable, Iterable
 
+from extproc.config.snapshot import ProfileRef
 from extproc.datalayer.inflight import InflightTable
 from extproc.lifecycle import Lifecycle
 from extproc.stages.dispatch import release
@@ -45,6 +50,8 @@ class Runtime:
         self.lifecycle = Lifecycle(worker, feedback=feedback, observers=[release, *observers])  # tokens carry the pid
         self._plugins: dict[tuple[str, str], Any] = {}
         self._params: dict[tuple[str, str], Any] = {}
+        self._profiles: dict[str, Any] = {}  # name -> extproc.scheduling.profile.SchedulingProfile
+        self.metrics_sink: Any = None  # extproc.stream.RequestObserver (.metrics, .pending, .child), set by the service
         self._caches: dict[str, Any] = {}
         self.installed: Any = None  # the snapshot installed last
 
@@ -56,8 +63,14 @@ class Runtime:
         return c
 
     def install(self, snapshot: Any) -> None:
-        """Reconcile plugin instances with `snapshot.plugins` (configure kept ones, drop removed ones)."""
+        """Reconcile plugin instances with `snapshot.plugins` and the plugins its profiles use
+        (configure kept ones, drop removed ones), then the profiles (rebind kept ones, build new
+        ones, drop removed ones)."""
+        profiles = getattr(snapshot, "profiles", {})
         wanted = {(ref.name, ref.type): ref for ref in snapshot.plugins.values()}
+        for prof in profiles.values():
+            for ref in prof.refs:  # a profile's default picker is not in spec.plugins
+                wanted.setdefault((ref.name, ref.type), ref)
         for key in list(self._plugins):
             if key not in wanted:
                 inst = self._plugins.pop(key)
@@ -73,6 +86,15 @@ class Runtime:
                     self._params[key] = ref.params
             else:
                 self._build(ref)
+        for name in list(self._profiles):
+            if name not in profiles:
+                del self._profiles[name]
+        for name, pref in profiles.items():
+            prof = self._profiles.get(name)
+            if prof is None:
+                self._build_profile(pref)
+            else:
+                prof.configure(prof.ref, pref)
         self.installed = snapshot
 
     def _build(self, ref: Any) -> Any:
@@ -83,8 +105,18 @@ class Runtime:
         self._params[(ref.name, ref.type)] = ref.params
         return inst
 
+    def _build_profile(self, ref: Any) -> Any:
+        from extproc.scheduling.profile import SchedulingProfile
+
+        prof = self._profiles[ref.name] = SchedulingProfile(ref, self)
+        return prof
+
     def plugin(self, ref: Any) -> Any:
-        """The long-lived instance of a declared plugin (built on first use for older snapshots)."""
+        """The long-lived instance of a declared plugin or scheduling profile (built on first use
+        for older snapshots); what dispatch calls `pick(state, backend, endpoints)` on."""
+        if isinstance(ref, ProfileRef):
+            prof = self._profiles.get(ref.name)
+            return prof if prof is not None else self._build_profile(ref)
         inst = self._plugins.get((ref.name, ref.type))
         return inst if inst is not None else self._build(ref)
 

@@ -19,7 +19,8 @@ from typing import Any, Callable
 from backends import adapter_kinds
 from extproc.config.loader import ConfigError, Issue
 from extproc.config.schema import AdapterGateway, split_host_port
-from extproc.config.snapshot import HEALTH_PATH, HEALTH_ROUTE, Backend, PluginRef, Route, Snapshot
+from extproc.config.snapshot import (HEALTH_PATH, HEALTH_ROUTE, Backend, EndpointMeta, PluginRef, ProfileRef, Route,
+                                     Snapshot)
 from extproc.kinds import kind_specs
 from extproc.config.yamlsource import SourceMap, format_path
 from extproc.template import WILDCARD, TemplateError, compile_template
@@ -59,14 +60,22 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         default_health = adapter.default_health_path
         if adapter.api == "kserve" and protocol == "grpc":
             default_health = "/inference.GRPCInferenceService/ServerReady"
+        seen_eps: set[str] = set()
+        for j, e in enumerate(b.endpoints):
+            if e.address in seen_eps:
+                issue(("spec", "backends", i, "endpoints", j), f"duplicate endpoint {e.address!r}")
+            seen_eps.add(e.address)
         backends[b.name] = Backend(
             name=b.name, kind=b.kind, protocol=protocol,
-            endpoints=tuple(split_host_port(e) for e in b.endpoints), models=b.models,
+            endpoints=tuple(split_host_port(e.address) for e in b.endpoints), models=b.models,
             health_path=b.health_path or default_health, timeout=b.timeout,
             implicit=False, adapter=adapter,
+            endpoint_meta=tuple(EndpointMeta(tuple(sorted(e.labels.items())), e.engine, e.metrics_path)
+                                for e in b.endpoints),
         )
 
     plugins = _compile_plugins(spec.plugins, issue)
+    profiles, refused = _compile_profiles(spec.scheduling_profiles, plugins, issue)
     default_model = model_name(spec.model_ref)
     routes: dict[str, Route] = {}
     paths: dict[tuple[str, str], int] = {}
@@ -129,7 +138,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             issue(base + ("model",), f"an {kind} route needs a model: set route.model, spec.modelRef or the "
                   "backend's models")
             continue
-        picker = _route_plugins(r.plugins, base, plugins, resolved, issue)
+        picker = _route_plugins(r.plugins, base, plugins, profiles, refused, resolved, issue)
         if picker is False:
             continue
         request = _compile(r.request, base + ("request",), issues)
@@ -177,12 +186,13 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
     return Snapshot(
         generation=generation, digest=digest, source=smap.filename, spec=gw, model_ref=spec.model_ref,
         listener=spec.listener, admin=spec.admin, processor=spec.processor, backends=backends,
-        routes=routes, tenants=spec.tenants, tenancy=spec.tenancy, plugins=plugins,
+        routes=routes, tenants=spec.tenants, tenancy=spec.tenancy, plugins=plugins, profiles=profiles,
     )
 
 
 def _compile_plugins(specs: Any, issue: Any) -> dict[str, PluginRef]:
-    """`spec.plugins`: known types, parameters valid for the type (field paths into `parameters`)."""
+    """`spec.plugins`: known types, parameters valid for the type (field paths into `parameters`);
+    a plugin without a `name` is named after its type."""
     from pydantic import ValidationError
 
     from extproc.scheduling import plugin_types
@@ -191,8 +201,10 @@ def _compile_plugins(specs: Any, issue: Any) -> dict[str, PluginRef]:
     out: dict[str, PluginRef] = {}
     for i, p in enumerate(specs):
         base = ("spec", "plugins", i)
-        if p.name in out:
-            issue(base + ("name",), f"duplicate plugin name {p.name!r}")
+        name = p.name or p.type
+        if name in out:
+            issue(base + ("name" if p.name else "type",), f"duplicate plugin name {name!r}" + (
+                "" if p.name else " (a plugin without a name is named after its type: set distinct names)"))
             continue
         cls = types.get(p.type)
         if cls is None:
@@ -207,30 +219,134 @@ def _compile_plugins(specs: Any, issue: Any) -> dict[str, PluginRef]:
                     "required parameter is missing" if err["type"] == "missing" else err["msg"])
                 issue(base + ("parameters",) + loc, msg.removeprefix("Value error, "))
             continue
-        out[p.name] = PluginRef(p.name, p.type, cls.slot, params)
+        out[name] = PluginRef(name, p.type, cls.slot, params)
     return out
 
 
-def _route_plugins(names: Any, base: tuple, plugins: dict[str, PluginRef], targets: list, issue: Any):
-    """The route's picker (None), or False after reporting a bad reference."""
-    picker = None
+DEFAULT_PICKER = "max-score-picker"
+
+
+def _default_picker(plugins: dict[str, PluginRef]) -> PluginRef:
+    """A profile without a picker gets `max-score-picker`: the declared plugin of that name and type
+    when there is one, else one with default parameters."""
+    from extproc.scheduling import plugin_types
+
+    declared = plugins.get(DEFAULT_PICKER)
+    if declared is not None and declared.type == DEFAULT_PICKER:
+        return declared
+    cls = plugin_types()[DEFAULT_PICKER]
+    return PluginRef(DEFAULT_PICKER, DEFAULT_PICKER, cls.slot, cls.Parameters())
+
+
+def _standalone(ref: PluginRef) -> bool:
+    from extproc.scheduling import plugin_types
+
+    return bool(getattr(plugin_types().get(ref.type), "standalone", False))
+
+
+def _compile_profiles(specs: Any, plugins: dict[str, PluginRef], issue: Any) -> tuple[dict[str, ProfileRef], set]:
+    """`spec.schedulingProfiles`: filters (in order) -> scorers (weight > 0, default 1) -> one picker,
+    last (default max-score-picker); names shared with plugins are refused (routes use both).
+    Returns the profiles and the names of refused ones (routes naming those add no second error)."""
+    out: dict[str, ProfileRef] = {}
+    refused: set[str] = set()
+    declared = ", ".join(plugins) or "none"
+    for i, prof in enumerate(specs):
+        base = ("spec", "schedulingProfiles", i)
+        if prof.name in plugins:
+            issue(base + ("name",), f"profile name {prof.name!r} is also a plugin's name in spec.plugins; "
+                  "routes refer to both by name: rename one")
+            continue
+        if prof.name in out:
+            issue(base + ("name",), f"duplicate scheduling profile name {prof.name!r}")
+            continue
+        filters: list[PluginRef] = []
+        scorers: list[tuple[PluginRef, float]] = []
+        picker: PluginRef | None = None
+        seen: set[str] = set()
+        ok = True
+        last = len(prof.plugins) - 1
+        for j, entry in enumerate(prof.plugins):
+            where = base + ("plugins", j)
+            ref = plugins.get(entry.plugin_ref)
+            if ref is None:
+                issue(where + ("pluginRef",), f"no plugin named {entry.plugin_ref!r} in spec.plugins "
+                      f"(declared: {declared})")
+                ok = False
+                continue
+            if ref.name in seen:
+                issue(where + ("pluginRef",), f"plugin {ref.name!r} is already in this profile")
+                ok = False
+                continue
+            seen.add(ref.name)
+            if entry.weight is not None and ref.slot != "scorer":
+                issue(where + ("weight",), f"only scorers have a weight; {ref.name!r} is a {ref.slot} ({ref.type})")
+                ok = False
+                continue
+            if ref.slot == "filter":
+                filters.append(ref)
+            elif ref.slot == "scorer":
+                scorers.append((ref, 1.0 if entry.weight is None else float(entry.weight)))
+            elif _standalone(ref):
+                issue(where + ("pluginRef",), f"{ref.name!r} ({ref.type}) orders endpoints by itself and cannot be "
+                      "a profile's picker: name it on the route instead, or use max-score-picker, "
+                      "weighted-random-picker or random-picker here")
+                ok = False
+            elif picker is not None:
+                issue(where + ("pluginRef",), f"profile already has picker {picker.name!r}; a profile has one picker")
+                ok = False
+            else:
+                picker = ref
+                later = any(getattr(plugins.get(e.plugin_ref), "slot", None) == "picker" for e in prof.plugins[j + 1:])
+                if j != last and not later:  # (a second picker is reported as such)
+                    issue(where + ("pluginRef",), f"picker {ref.name!r} must come last, after the profile's filters "
+                          "and scorers")
+                    ok = False
+        if ok:
+            out[prof.name] = ProfileRef(prof.name, tuple(filters), tuple(scorers), picker or _default_picker(plugins),
+                                        explain=prof.explain)
+        else:
+            refused.add(prof.name)
+    return out, refused
+
+
+def _route_plugins(names: Any, base: tuple, plugins: dict[str, PluginRef], profiles: dict[str, ProfileRef],
+                   refused: set, targets: list, issue: Any):
+    """The route's scheduler: a standalone picker or a profile (a scoring picker named alone runs as
+    an implicit profile of its own, added to `profiles`); None; or False after reporting a problem."""
+    chosen = None
     for j, name in enumerate(names):
-        ref = plugins.get(name)
         where = base + ("plugins", j)
+        ref = profiles.get(name)
+        if ref is None or ref.implicit:
+            ref = plugins.get(name)
+        if ref is None and name in refused:
+            return False  # the profile's own errors were reported
         if ref is None:
-            issue(where, f"no plugin named {name!r} in spec.plugins (declared: {', '.join(plugins) or 'none'})")
+            issue(where, f"no plugin or scheduling profile named {name!r} (plugins: {', '.join(plugins) or 'none'}; "
+                  f"schedulingProfiles: {', '.join(p for p, r in profiles.items() if not r.implicit) or 'none'})")
             return False
-        if ref.slot == "picker":
-            if picker is not None:
-                issue(where, f"route already has picker {picker.name!r}; a route has one picker")
-                return False
-            pinned = getattr(ref.params, "endpoint", None)
-            if pinned is not None and not any(pinned in b.endpoint_ids for b in targets):
-                issue(where, f"plugin {name!r} pins endpoint {pinned}, which is not an endpoint of this route's "
-                      f"backends ({', '.join(e for b in targets for e in b.endpoint_ids)})")
-                return False
-            picker = ref
-    return picker
+        if chosen is not None:
+            issue(where, f"route already has {_what(chosen)} {chosen.name!r}; a route names one scheduling "
+                  "profile or one picker")
+            return False
+        if isinstance(ref, PluginRef) and ref.slot != "picker":
+            issue(where, f"{name!r} is a {ref.slot}: list it in a spec.schedulingProfiles entry and name that "
+                  "profile here")
+            return False
+        if isinstance(ref, PluginRef) and not _standalone(ref):
+            ref = profiles.setdefault(name, ProfileRef(name, (), (), ref, implicit=True))
+        pinned = getattr(getattr(ref, "params", None), "endpoint", None)
+        if pinned is not None and not any(pinned in b.endpoint_ids for b in targets):
+            issue(where, f"plugin {name!r} pins endpoint {pinned}, which is not an endpoint of this route's "
+                  f"backends ({', '.join(e for b in targets for e in b.endpoint_ids)})")
+            return False
+        chosen = ref
+    return chosen
+
+
+def _what(ref: Any) -> str:
+    return "picker" if isinstance(ref, PluginRef) else "scheduling profile"
 
 
 def _with_pipeline(route: Route, build_pipeline: Any, path: tuple, issue: Any) -> Route:

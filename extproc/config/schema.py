@@ -118,22 +118,46 @@ class ProcessorSpec(_Model):
     feedback: Literal["accessLog", "stream"] = "accessLog"
 
 
+ENGINES = ("vllm", "sglang", "triton", "onnxruntime", "openai", "llamacpp")
+
+
+def _endpoint_item(value: Any) -> Any:
+    """A `"host:port"` string is the short form of `{address: "host:port"}` (checked here, so its
+    error names the list item as written, `spec.backends[0].endpoints[1]`)."""
+    if isinstance(value, str):
+        split_host_port(value)
+        return {"address": value}
+    return value
+
+
+class EndpointSpec(_Model):
+    """One endpoint of a backend: where it is, and what the scheduler and the scrapers know of it.
+
+    `labels` are free-form facts (`gpu: a100`, `zone: eu`, `model-version: "2.1"`) that filters
+    such as `label-filter` select on; `engine` says which server runs there (default from the
+    backend's `kind`; a pool may mix engines) and `metricsPath` where its Prometheus metrics are."""
+    address: str
+    labels: dict[Annotated[str, Field(min_length=1, max_length=253)], str] = Field(default_factory=dict)
+    engine: Literal["vllm", "sglang", "triton", "onnxruntime", "openai", "llamacpp"] | None = None
+    metrics_path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")] = "/metrics"
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        split_host_port(v)
+        return v
+
+
 class BackendSpec(_Model):
     """A model server reachable through Envoy. `kind` names the wire API, `protocol` the transport."""
     name: Annotated[str, Field(pattern=DNS_LABEL)]
     kind: Literal["openai", "vllm", "triton", "onnxruntime", "rest"] = "openai"
     protocol: Literal["http", "grpc"] | None = None  # default: spec.protocol
-    endpoints: Annotated[tuple[str, ...], Field(min_length=1)]
+    # "host:port" strings, or {address, labels, engine, metricsPath} objects (EndpointSpec)
+    endpoints: Annotated[tuple[Annotated[EndpointSpec, BeforeValidator(_endpoint_item)], ...], Field(min_length=1)]
     models: tuple[str, ...] = ()
     health_path: str | None = None  # default per kind (openai: /health)
     timeout: Duration = 60.0
-
-    @field_validator("endpoints")
-    @classmethod
-    def _endpoints(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        for ep in v:
-            split_host_port(ep)
-        return v
 
 
 class RoutePolicy(_Model):
@@ -215,9 +239,25 @@ class PluginSpec(_Model):
 
     `type` is one of `extproc.scheduling.plugin_types()`; `parameters` are validated against that
     type's own schema when the config is compiled."""
-    name: Annotated[str, Field(pattern=DNS_LABEL)]
+    name: Annotated[str, Field(pattern=DNS_LABEL)] | None = None  # default: the type (as in GIE)
     type: Annotated[str, Field(min_length=1)]
     parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProfilePluginRef(_Model):
+    """One plugin of a scheduling profile: a name from `spec.plugins`, and a scorer's weight."""
+    plugin_ref: Annotated[str, Field(min_length=1)]
+    weight: Annotated[float, Field(gt=0)] | None = None  # scorers only; default 1
+
+
+class SchedulingProfileSpec(_Model):
+    """Filters (in order) -> weighted scorers -> one picker (last; default `max-score-picker`).
+
+    Routes name a profile in `routes[].plugins` like a picker; `explain: true` logs each decision
+    (candidates after each filter, every scorer's raw and normalised score, the pick)."""
+    name: Annotated[str, Field(pattern=DNS_LABEL)]
+    plugins: tuple[ProfilePluginRef, ...] = ()
+    explain: bool = False
 
 
 class GatewaySpec(_Model):
@@ -231,6 +271,7 @@ class GatewaySpec(_Model):
     tenants: tuple[TenantSpec, ...] = ()
     tenancy: TenancySpec = TenancySpec()
     plugins: tuple[PluginSpec, ...] = ()
+    scheduling_profiles: tuple[SchedulingProfileSpec, ...] = ()
 
 
 class AdapterGateway(_Model):

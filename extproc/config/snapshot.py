@@ -27,6 +27,20 @@ DESTINATION_HEADER = "x-gateway-destination-endpoint"  # endpoint-picker protoco
 LB_METADATA_NAMESPACE = "envoy.lb"  # dynamic metadata the override-host load balancer reads
 
 
+# the engine an endpoint runs when the config does not say: from the backend's kind (rest: none)
+ENGINE_OF_KIND = {"openai": "openai", "vllm": "vllm", "triton": "triton", "onnxruntime": "onnxruntime"}
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointMeta:
+    """What the config says about one endpoint besides its address (`backends[].endpoints[]` objects)."""
+
+    labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs (hashable; see Backend.endpoint_labels)
+    engine: str | None = None  # None: the backend kind's (ENGINE_OF_KIND)
+    metrics_path: str = "/metrics"
+
+
 @dataclass(frozen=True, slots=True)
 class Backend:
     name: str
@@ -38,14 +52,32 @@ class Backend:
     timeout: float
     implicit: bool  # created from a route's host:port target
     adapter: Any  # backends.base.BackendAdapter
+    # one per endpoint, in the same order; missing entries (an endpoint override with more endpoints
+    # than the config listed, an implicit backend) are the defaults: no labels, the kind's engine
+    endpoint_meta: tuple[EndpointMeta, ...] = ()
     # derived from `endpoints` once (also by `replace`), never per request:
     endpoint_ids: tuple[str, ...] = field(init=False)  # as the endpoint-picker protocol names them: "ip:port"
     pickable: bool = field(init=False)  # all endpoints are IPs: the processor can name one (Envoy resolves names)
+    # by endpoint id (read-only mappings; what filters and scrapers read):
+    endpoint_labels: Mapping[str, Mapping[str, str]] = field(init=False, compare=False, hash=False, repr=False)
+    endpoint_engines: Mapping[str, str | None] = field(init=False, compare=False, hash=False, repr=False)
+    endpoint_metrics_paths: Mapping[str, str] = field(init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "endpoint_ids",
-                           tuple(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.endpoints))
+        ids = tuple(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.endpoints)
+        object.__setattr__(self, "endpoint_ids", ids)
         object.__setattr__(self, "pickable", all(is_ip(h) for h, _ in self.endpoints))
+        meta = self.endpoint_meta
+        default = EndpointMeta()
+        labels, engines, paths = {}, {}, {}
+        for i, ep in enumerate(ids):
+            m = meta[i] if i < len(meta) else default
+            labels[ep] = MappingProxyType(dict(m.labels)) if m.labels else _NO_LABELS
+            engines[ep] = m.engine or ENGINE_OF_KIND.get(self.kind)
+            paths[ep] = m.metrics_path
+        object.__setattr__(self, "endpoint_labels", MappingProxyType(labels))
+        object.__setattr__(self, "endpoint_engines", MappingProxyType(engines))
+        object.__setattr__(self, "endpoint_metrics_paths", MappingProxyType(paths))
 
     @property
     def cluster(self) -> str:
@@ -74,6 +106,23 @@ class PluginRef:
 
 
 @dataclass(frozen=True, slots=True)
+class ProfileRef:
+    """A scheduling profile of `spec.schedulingProfiles` (or the implicit one-picker profile of a
+    route that names a scoring picker directly): its plugins by slot, in the order they run."""
+
+    name: str
+    filters: tuple[PluginRef, ...]
+    scorers: tuple[tuple[PluginRef, float], ...]  # (scorer, weight > 0)
+    picker: PluginRef
+    explain: bool = False
+    implicit: bool = False  # made for a route naming a picker such as max-score-picker alone
+
+    @property
+    def refs(self) -> tuple[PluginRef, ...]:
+        return (*self.filters, *(s for s, _ in self.scorers), self.picker)
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     name: str
     path: str
@@ -93,7 +142,8 @@ class Route:
     mapping: Any = None  # rest routes: extproc.semantic.mapping.CompiledMapping
     backends: tuple[Backend, ...] = ()  # every target; backend is backends[0]
     dialect: str = "adapter"  # how errors are rendered (extproc/errors.py), from the route kind
-    picker: PluginRef | None = None  # the dispatch slot's endpoint picker (None: Envoy balances)
+    # the dispatch slot's scheduler: a picker that picks alone, or a scheduling profile (None: Envoy balances)
+    picker: PluginRef | ProfileRef | None = None
 
     def backend_for_model(self, model: str | None) -> Backend | None:
         """The first target serving `model` (a backend with no models listed serves any)."""
@@ -135,6 +185,7 @@ class Snapshot:
     tenants: tuple[TenantSpec, ...] = field(default=())
     tenancy: Any = None  # extproc.config.schema.TenancySpec
     plugins: Mapping[str, PluginRef] = field(default_factory=dict)
+    profiles: Mapping[str, ProfileRef] = field(default_factory=dict)  # declared and implicit, by name
 
     @property
     def tenants_by_id(self) -> Mapping[str, TenantSpec]:
@@ -144,6 +195,7 @@ class Snapshot:
         object.__setattr__(self, "backends", MappingProxyType(dict(self.backends)))
         object.__setattr__(self, "routes", MappingProxyType(dict(self.routes)))
         object.__setattr__(self, "plugins", MappingProxyType(dict(self.plugins)))
+        object.__setattr__(self, "profiles", MappingProxyType(dict(self.profiles)))
         object.__setattr__(self, "_tenants_by_id", MappingProxyType({t.id: t for t in self.tenants}))
 
     @property
@@ -151,7 +203,8 @@ class Snapshot:
         return self.spec.metadata.name
 
     def with_endpoints(self, overrides: Mapping[str, tuple[tuple[str, int], ...]]) -> "Snapshot":
-        """A copy whose named backends use other endpoints (the demo stack points them at simulators)."""
+        """A copy whose named backends use other endpoints (the demo stack points them at simulators);
+        the configured labels, engines and metrics paths stay with the endpoints' positions."""
         from dataclasses import replace
 
         backends = {n: replace(b, endpoints=overrides.get(n, b.endpoints)) for n, b in self.backends.items()}

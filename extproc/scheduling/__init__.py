@@ -1,45 +1,63 @@
-"""Plugins of the dispatch slot, declared in the config's `plugins:` section and referenced per route.
+"""Plugins of the dispatch slot, declared in the config's `plugins:` section, grouped into scheduling profiles.
 
 What: `plugin_types()` is the explicit registry (type name -> class; no import side effects). A
-plugin class has `type` (its config name), `slot` (`picker` today: chooses the endpoint and its
-fallbacks among the chosen backend's endpoints), `Parameters` (a strict pydantic model: the
+plugin class has `type` (its config name), `slot`, `Parameters` (a strict pydantic model: the
 config's `parameters` are validated against it at load, errors with file:line), and is built
 once per worker by the `Runtime` as `cls(name, params, runtime)`; it lives across config
 reloads: on a reload the runtime calls `configure(old_params, new_params)` and the plugin keeps
 whatever state is still valid (the mitmproxy `configure(updated)` rule).
+
+Slots (the llm-d / Gateway API Inference Extension endpoint-picker shape):
+- `filter`: `filter(ctx, candidates) -> subset` (the endpoints that may serve this request);
+- `scorer`: `score(ctx, candidates) -> {endpoint: raw score}`; the framework normalises each
+  scorer's output to [0, 1] (min-max over the candidates, or only a clamp for a class with
+  `bounded = True`), multiplies it by the scorer's weight and sums;
+- `picker`: `pick(ctx, scored) -> (pick, fallback, ...)` from the summed scores.
+A scheduling profile (`spec.schedulingProfiles`, `extproc/scheduling/profile.py`) runs filters
+-> scorers -> one picker. A route names one profile, or one picker: a *standalone* picker
+(`standalone = True`: `least-in-flight`, `pinned-endpoint`, which order endpoints themselves with
+`pick(state, backend, endpoints)`), or a scoring picker, which then runs as a profile of its own.
 ```yaml
 spec:
   plugins:
-    - {name: busy-aware, type: least-in-flight}
+    - {type: label-filter, name: a100, parameters: {matchLabels: {gpu: a100}}}
+    - {type: in-flight-scorer}                  # name defaults to the type
+    - {type: max-score-picker, parameters: {fallbacks: 1}}
     - {name: canary-host, type: pinned-endpoint, parameters: {endpoint: "10.0.0.7:8000"}}
+  schedulingProfiles:
+    - name: default
+      plugins: [{pluginRef: a100}, {pluginRef: in-flight-scorer, weight: 2}, {pluginRef: max-score-picker}]
   routes:
-    - {path: /v1/, match: prefix, kind: openai, target: llm, plugins: [busy-aware]}
+    - {path: /v1/, match: prefix, kind: openai, target: llm, plugins: [default]}
 ```
-Without a picker the processor names no endpoint and Envoy's own balancing (least request over
-the cluster) chooses: the fallback of the endpoint-picker protocol. The filter -> scorer -> picker
-framework (issue "Context-aware routing") plugs its profiles into this same slot.
-Cost: per plugin, its own docstring says; the dispatch point adds one call.
+Without a picker or profile the processor names no endpoint and Envoy's own balancing (least
+request over the cluster) chooses: the fallback of the endpoint-picker protocol.
+Cost: per plugin, its own docstring says; the framework's own cost is in profile.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
+from typing import Any, ClassVar, Iterable, Mapping, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-SLOTS = ("picker",)
+SLOTS = ("filter", "scorer", "picker")
 
 
 class Parameters(BaseModel):
     """Base of every plugin's parameters: strict (unknown keys refused) and frozen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 class Plugin:
     """What every plugin has: its name, its parameters and the worker's runtime; `configure` takes the
     new parameters (a plugin with state to keep or rebuild on a reload overrides it)."""
+
+    standalone: ClassVar[bool] = False  # a picker that orders endpoints itself: pick(state, backend, endpoints)
+    bounded: ClassVar[bool] = False  # a scorer whose raw scores are already in [0, 1]: only clamped
 
     def __init__(self, name: str, params: Any, runtime: Any):
         self.name = name
@@ -50,6 +68,59 @@ class Plugin:
         self.params = new
 
 
+@dataclass(slots=True)
+class SchedulingContext:
+    """What a filter, scorer or picker knows of one decision, built once per decision by the profile.
+
+    `request` is the parsed request (`extproc/request.InferenceRequest`: model, lora, prompt via
+    `prompt_text()`, priority, tenant) or None on routes that parse no body; `labels` the
+    configured labels of the backend's endpoints by id (`backend.endpoint_labels`)."""
+
+    state: Any  # extproc.types.RequestState
+    backend: Any  # extproc.config.snapshot.Backend
+    request: Any  # extproc.request.InferenceRequest | None
+    runtime: Any  # extproc.runtime.Runtime (in-flight table, caches)
+    labels: Mapping[str, Mapping[str, str]]
+    profile: str
+
+
+class NoCapacity(Exception):
+    """A profile's filters left no endpoint: dispatch answers 503 `no_capacity`, or 429 `overloaded`
+    with Retry-After when the request is sheddable (its priority < 0, the GIE rule)."""
+
+    def __init__(self, profile: str, backend: str, filter_name: str | None, candidates: int, sheddable: bool,
+                 priority: int | None = None):
+        super().__init__(f"profile {profile!r}: no endpoint of backend {backend!r} left "
+                         f"after filter {filter_name!r}")
+        self.profile, self.backend, self.filter = profile, backend, filter_name
+        self.candidates, self.sheddable, self.priority = candidates, sheddable, priority
+
+
+@runtime_checkable
+class Filter(Protocol):
+    type: ClassVar[str]
+    slot: ClassVar[str]
+
+    def configure(self, old: Any, new: Any) -> None: ...
+
+    def filter(self, ctx: SchedulingContext, candidates: tuple[str, ...]) -> Iterable[str]:
+        """The candidates that may serve the request (a subset; the order is the framework's)."""
+        ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    type: ClassVar[str]
+    slot: ClassVar[str]
+    bounded: ClassVar[bool]
+
+    def configure(self, old: Any, new: Any) -> None: ...
+
+    def score(self, ctx: SchedulingContext, candidates: tuple[str, ...]) -> Mapping[str, float]:
+        """Raw scores, higher is better; an endpoint left out scores 0 after normalisation."""
+        ...
+
+
 @runtime_checkable
 class Picker(Protocol):
     type: ClassVar[str]
@@ -57,16 +128,25 @@ class Picker(Protocol):
 
     def configure(self, old: Any, new: Any) -> None: ...
 
-    def pick(self, state: Any, backend: Any, endpoints: tuple[str, ...]) -> tuple[str, ...]:
-        """Endpoints ("ip:port") in order of preference, first the pick; () to let Envoy choose."""
+    def pick(self, ctx: Any, scored: Any, *rest: Any) -> tuple[str, ...]:
+        """Endpoints ("ip:port") in order of preference, first the pick; () to let Envoy choose.
+        A scoring picker gets (ctx, {endpoint: summed score}); a standalone one (state, backend, endpoints)."""
         ...
 
 
 def plugin_types() -> Mapping[str, type]:
+    from extproc.scheduling.in_flight_scorer import InFlightScorer
+    from extproc.scheduling.label_filter import LabelFilter
     from extproc.scheduling.least_in_flight import LeastInFlight
+    from extproc.scheduling.max_score_picker import MaxScorePicker
     from extproc.scheduling.pinned_endpoint import PinnedEndpoint
+    from extproc.scheduling.random_picker import RandomPicker
+    from extproc.scheduling.weighted_random_picker import WeightedRandomPicker
 
-    return MappingProxyType({cls.type: cls for cls in (LeastInFlight, PinnedEndpoint)})
+    return MappingProxyType({cls.type: cls for cls in (
+        LabelFilter, InFlightScorer, MaxScorePicker, WeightedRandomPicker, RandomPicker, LeastInFlight,
+        PinnedEndpoint)})
 
 
-__all__ = ["plugin_types", "Parameters", "Picker", "Plugin", "SLOTS"]
+__all__ = ["plugin_types", "Parameters", "Plugin", "SchedulingContext", "NoCapacity", "Filter", "Scorer",
+           "Picker", "SLOTS"]

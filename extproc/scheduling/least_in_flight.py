@@ -25,6 +25,7 @@ class LeastInFlightParameters(Parameters):
 class LeastInFlight(Plugin):
     type: ClassVar[str] = "least-in-flight"
     slot: ClassVar[str] = "picker"
+    standalone: ClassVar[bool] = True  # orders endpoints itself: a route picker, not a profile's
     Parameters: ClassVar[type] = LeastInFlightParameters
 
     def __init__(self, name: str, params: LeastInFlightParameters, runtime: Any):

@@ -34,6 +34,7 @@ class PinnedEndpointParameters(Parameters):
 class PinnedEndpoint(Plugin):
     type: ClassVar[str] = "pinned-endpoint"
     slot: ClassVar[str] = "picker"
+    standalone: ClassVar[bool] = True  # orders endpoints itself: a route picker, not a profile's
     Parameters: ClassVar[type] = PinnedEndpointParameters
 
     def pick(self, state: Any, backend: Any, endpoints: tuple[str, ...]) -> tuple[str, ...]:

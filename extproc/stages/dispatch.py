@@ -3,8 +3,10 @@
 What: from the parsed request (`state.request`, or the route's default when there is none) the
 route's targets that serve its model are the candidates (404 `model_not_found`, in the route's
 dialect, when none does); the variant slot chooses among them (the route's first candidate until
-canary rollouts fill it); the route's picker plugin, if any, names an endpoint of that backend and
-its fallbacks (`extproc/scheduling/`). The reply sets `x-adapter-backend` and
+canary rollouts fill it); the route's picker plugin or scheduling profile, if any, names an endpoint
+of that backend and its fallbacks (`extproc/scheduling/`). When a profile's filters leave no
+endpoint the request is refused in the route's dialect: 503 `no_capacity`, or 429 `overloaded`
+with `Retry-After: 1` when the request is sheddable (priority < 0, the GIE rule). The reply sets `x-adapter-backend` and
 `x-adapter-route-target` (Envoy matches the (route, backend) entry that carries the route's
 policy) with `clear_route_cache`, and, when an endpoint was picked, the endpoint-picker protocol's
 `x-gateway-destination-endpoint: ip:port[,ip:port...]` header plus the same list in dynamic
@@ -23,7 +25,10 @@ from typing import Any
 
 from extproc.config.snapshot import BACKEND_HEADER, DESTINATION_HEADER, LB_METADATA_NAMESPACE, ROUTE_TARGET_HEADER
 from extproc.errors import reject
-from extproc.types import HttpMessage, Mutate, Outcome, RequestState, Verdict
+from extproc.scheduling import NoCapacity
+from extproc.types import HttpMessage, Mutate, Outcome, Reject, RequestState, Verdict
+
+RETRY_AFTER_S = 1  # Retry-After of a sheddable request refused because no endpoint is left
 
 
 def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None = None) -> Verdict:
@@ -44,7 +49,10 @@ def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None 
     set_headers = (*headers, (BACKEND_HEADER, backend.name), (ROUTE_TARGET_HEADER, route.name))
     metadata: tuple = ()
     if route.picker is not None and backend.pickable and state.runtime is not None:
-        picks = state.runtime.plugin(route.picker).pick(state, backend, backend.endpoint_ids)
+        try:
+            picks = state.runtime.plugin(route.picker).pick(state, backend, backend.endpoint_ids)
+        except NoCapacity as e:
+            return no_capacity(e)
         if picks:
             value = ",".join(picks)
             state.endpoint = picks[0]
@@ -52,6 +60,16 @@ def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None 
             set_headers += ((DESTINATION_HEADER, value),)
             metadata = ((LB_METADATA_NAMESPACE, {DESTINATION_HEADER: value}),)
     return Mutate(set_headers=set_headers, body=body, clear_route_cache=True, dynamic_metadata=metadata)
+
+
+def no_capacity(e: NoCapacity) -> Reject:
+    """The refusal of a decision whose filters left nothing (the endpoint-picker protocol's 429 / 503)."""
+    where = (f"scheduling profile {e.profile!r} left no endpoint of backend {e.backend!r} "
+             f"({e.candidates} before filter {e.filter!r})")
+    if e.sheddable:
+        return reject(429, "overloaded", f"{where}; the request is sheddable (priority {e.priority}): retry later",
+                      retry_after=RETRY_AFTER_S, profile=e.profile, backend=e.backend)
+    return reject(503, "no_capacity", f"{where} to serve this request", profile=e.profile, backend=e.backend)
 
 
 def release(state: RequestState, outcome: Outcome) -> None:
@@ -84,4 +102,4 @@ def backend_of(state: RequestState) -> Any:
     return state.target if state.target is not None else state.route.backend
 
 
-__all__ = ["dispatch", "DispatchAtHeaders", "DispatchAtBody", "release", "backend_of"]
+__all__ = ["dispatch", "DispatchAtHeaders", "DispatchAtBody", "release", "backend_of", "no_capacity"]

@@ -254,3 +254,94 @@ def test_service_observer_and_release_are_lifecycle_observers():
     rt = Runtime()
     svc = ExtProcService(ConfigRef(snap_with("")), ProcessorMetrics(CollectorRegistry()), runtime=rt)
     assert rt.lifecycle.observers[0] is release and svc.observer in rt.lifecycle.observers
+
+
+# --- scheduling profiles ---------------------------------------------------------------------------
+
+PROFILED = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: runtime-profiles}
+spec:
+  backends:
+    - name: beta
+      models: [m2]
+      endpoints: [{address: "127.0.0.1:9001", labels: {gpu: a100}}, "127.0.0.1:9002"]
+  plugins:
+PLUGINS
+  schedulingProfiles:
+PROFILES
+  routes:
+    - {path: /v1/, match: prefix, kind: openai, targets: [beta], plugins: [p]}
+"""
+
+
+def profiled(plugins: str, profiles: str, generation: int = 1):
+    return load_text(PROFILED.replace("PLUGINS\n", plugins).replace("PROFILES\n", profiles), "rt.yaml", generation)
+
+
+def test_a_reload_keeps_the_profile_and_its_plugins_and_applies_the_new_config():
+    from extproc.scheduling.profile import SchedulingProfile
+
+    rt = Runtime()
+    s1 = profiled("    - {type: in-flight-scorer}\n    - {name: best, type: max-score-picker}\n",
+                  "    - name: p\n      plugins: [{pluginRef: in-flight-scorer}, {pluginRef: best}]\n")
+    rt.install(s1)
+    prof = rt.plugin(s1.routes["v1"].picker)
+    assert isinstance(prof, SchedulingProfile) and prof.ref is s1.profiles["p"]
+    picker = rt.plugin(s1.plugins["best"])
+    rng = picker.rng
+    scorer = rt.plugin(s1.plugins["in-flight-scorer"])
+    assert prof.scorers == (("in-flight-scorer", scorer, 1.0, True),) and prof.picker == ("best", picker)
+    # new weight, new picker parameters, a filter added, explain on
+    s2 = profiled("    - {type: in-flight-scorer}\n    - {name: best, type: max-score-picker, parameters: {fallbacks: 0}}\n"
+                  "    - {name: a100, type: label-filter, parameters: {matchLabels: {gpu: a100}}}\n",
+                  "    - name: p\n      explain: true\n      plugins: [{pluginRef: a100}, "
+                  "{pluginRef: in-flight-scorer, weight: 4}, {pluginRef: best}]\n", 2)
+    rt.install(s2)
+    assert rt.plugin(s2.routes["v1"].picker) is prof and prof.ref is s2.profiles["p"]  # the same long-lived profile
+    assert rt.plugin(s2.plugins["best"]) is picker and picker.rng is rng and picker.params.fallbacks == 0
+    assert prof.scorers == (("in-flight-scorer", scorer, 4.0, True),) and prof.explain is True
+    assert [n for n, _ in prof.filters] == ["a100"]
+    from extproc.types import RequestState
+
+    st = RequestState(snapshot=s2, route=s2.routes["v1"], started=0.0, runtime=rt)
+    backend = s2.backends["beta"]
+    assert prof.pick(st, backend, backend.endpoint_ids) == ("127.0.0.1:9001",)  # filtered, no fallbacks
+    assert st.attrs["decision"]["scorers"][0]["weight"] == 4.0
+
+
+def test_a_reload_rebinds_a_profile_to_a_plugin_whose_type_changed():
+    rt = Runtime()
+    rt.install(profiled("    - {name: pick, type: max-score-picker}\n", "    - name: p\n      plugins: [{pluginRef: pick}]\n"))
+    prof = rt._profiles["p"]
+    s2 = profiled("    - {name: pick, type: random-picker}\n", "    - name: p\n      plugins: [{pluginRef: pick}]\n", 2)
+    rt.install(s2)
+    assert rt._profiles["p"] is prof and type(prof.picker[1]).__name__ == "RandomPicker"
+    assert prof.picker[1] is rt.plugin(s2.plugins["pick"])
+
+
+def test_removed_profiles_are_dropped_and_the_default_picker_is_kept_while_used():
+    rt = Runtime()
+    s1 = profiled("    - {type: in-flight-scorer}\n", "    - name: p\n      plugins: [{pluginRef: in-flight-scorer}]\n")
+    rt.install(s1)
+    prof = rt._profiles["p"]
+    default = rt._plugins[("max-score-picker", "max-score-picker")]  # not in spec.plugins: the profile's default
+    assert prof.picker == ("max-score-picker", default)
+    rt.install(profiled("    - {type: in-flight-scorer}\n", "    - name: p\n      plugins: [{pluginRef: in-flight-scorer}]\n",
+                        2))
+    assert rt._profiles["p"] is prof and rt._plugins[("max-score-picker", "max-score-picker")] is default
+    s3 = load_text(HEAD, "rt.yaml", 3)
+    rt.install(s3)
+    assert rt._profiles == {} and rt._plugins == {}
+    # a stream of the older config still asks for it: built on first use
+    again = rt.plugin(s1.routes["v1"].picker)
+    assert again is not prof and again.ref is s1.profiles["p"] and rt.plugin(s1.routes["v1"].picker) is again
+
+
+def test_the_service_gives_profiles_its_metrics_sink():
+    rt = Runtime()
+    svc = ExtProcService(ConfigRef(profiled("    - {type: in-flight-scorer}\n",
+                                            "    - name: p\n      plugins: [{pluginRef: in-flight-scorer}]\n")),
+                         ProcessorMetrics(CollectorRegistry()), runtime=rt)
+    assert rt.metrics_sink is svc.observer

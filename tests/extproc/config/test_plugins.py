@@ -43,7 +43,8 @@ def line(text: str, needle: str, nth: int = 0) -> int:
 def test_unknown_plugin_type_lists_the_known_ones():
     text = config("    - name: p\n      type: round-robin\n")
     assert issues(text) == [f"cfg.yaml:{line(text, 'type: round-robin')}: spec.plugins[0].type: unknown plugin type "
-                            "'round-robin' (known: least-in-flight, pinned-endpoint)"]
+                            "'round-robin' (known: in-flight-scorer, label-filter, least-in-flight, max-score-picker, "
+                            "pinned-endpoint, random-picker, weighted-random-picker)"]
 
 
 def test_unknown_parameter_names_its_path():
@@ -117,14 +118,14 @@ def test_route_referencing_an_undeclared_plugin():
     text = config("    - {name: busy, type: least-in-flight}\n",
                   "    - path: /v1/\n      match: prefix\n      kind: openai\n      targets: [beta]\n"
                   "      plugins: [ghost]\n")
-    assert issues(text) == [f"cfg.yaml:{line(text, 'plugins: [ghost]')}: spec.routes[0].plugins[0]: no plugin named "
-                            "'ghost' in spec.plugins (declared: busy)"]
+    assert issues(text) == [f"cfg.yaml:{line(text, 'plugins: [ghost]')}: spec.routes[0].plugins[0]: no plugin or "
+                            "scheduling profile named 'ghost' (plugins: busy; schedulingProfiles: none)"]
 
 
 def test_route_referencing_a_plugin_without_any_declared():
     text = HEAD + "  routes:\n    - {path: /v1/, match: prefix, kind: openai, targets: [beta], plugins: [ghost]}\n"
-    assert issues(text) == [f"cfg.yaml:{line(text, 'ghost')}: spec.routes[0].plugins[0]: no plugin named 'ghost' in "
-                            "spec.plugins (declared: none)"]
+    assert issues(text) == [f"cfg.yaml:{line(text, 'ghost')}: spec.routes[0].plugins[0]: no plugin or scheduling "
+                            "profile named 'ghost' (plugins: none; schedulingProfiles: none)"]
 
 
 def test_two_pickers_on_one_route():
@@ -133,7 +134,7 @@ def test_two_pickers_on_one_route():
                   "    - path: /v1/\n      match: prefix\n      kind: openai\n      targets: [beta]\n"
                   "      plugins:\n        - busy\n        - pin\n")
     assert issues(text) == [f"cfg.yaml:{line(text, '- pin')}: spec.routes[0].plugins[1]: route already has picker "
-                            "'busy'; a route has one picker"]
+                            "'busy'; a route names one scheduling profile or one picker"]
 
 
 def test_pinned_endpoint_must_belong_to_the_route_backends():
