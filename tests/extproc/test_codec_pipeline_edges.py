@@ -91,3 +91,15 @@ def test_an_immediate_reply_keeps_the_callers_metadata_next_to_its_own_mark():
     assert fields["envoy.lb"].struct_value.fields["x"].string_value == "1"
     assert fields["adapter"].struct_value.fields["processor_reply"].bool_value
     assert resp.immediate_response.status.code == 400
+
+
+def test_a_route_of_an_unknown_kind_gets_no_pipeline():
+    import pytest
+
+    from extproc.stages import build_pipeline
+
+    class Route:
+        kind = "no-such-kind"
+
+    with pytest.raises(ValueError, match="no pipeline for route kind 'no-such-kind'"):
+        build_pipeline(Route())
