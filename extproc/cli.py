@@ -44,6 +44,8 @@ def _endpoint_arg(value: str) -> tuple[str, tuple[tuple[str, int], ...]]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from extproc.config.snapshot import ProfileRef
+
     snap = load_file(args.file)
     routes = [r for r in snap.routes.values() if r.kind != "health"]
     print(f"{args.file}: valid AdapterGateway {snap.name!r}: {len(routes)} route(s), "
@@ -52,13 +54,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
         extra = f" model={r.model}" if r.kind in ("llm", "tensor") else ""
         path = r.path + ("*" if r.match == "prefix" else "")
         targets = ", ".join(b.name for b in r.backends)
-        picker = f", picker={r.picker.name}" if r.picker is not None else ""
+        sched = r.picker
+        if sched is None:
+            picker = ""
+        elif isinstance(sched, ProfileRef) and not sched.implicit:
+            picker = f", profile={sched.name}"
+        else:  # a picker, alone or as its own implicit profile
+            picker = f", picker={(sched.picker if isinstance(sched, ProfileRef) else sched).name}"
         print(f"  route {r.name}: {path} -> {targets} ({r.kind}{extra}, failureMode={r.failure_mode}{picker})")
     for ref in snap.plugins.values():
-        params = ref.params.model_dump()
+        params = ref.params.model_dump(by_alias=True)
         print(f"  plugin {ref.name}: {ref.type} ({ref.slot})" + (f" {params}" if params else ""))
+    for prof in snap.profiles.values():
+        if prof.implicit:
+            continue
+        scorers = ", ".join(f"{s.name}*{w:g}" for s, w in prof.scorers) or "none"
+        filters = ", ".join(f.name for f in prof.filters) or "none"
+        print(f"  profile {prof.name}: filters {filters} -> scorers {scorers} -> picker {prof.picker.name}"
+              + (" (explain)" if prof.explain else ""))
     for b in snap.backends.values():
-        eps = ", ".join(f"{h}:{p}" for h, p in b.endpoints)
+        eps = ", ".join(f"{h}:{p}" + ("{" + ",".join(f"{k}={v}" for k, v in b.endpoint_labels[e].items()) + "}"
+                                      if b.endpoint_labels[e] else "")
+                        for (h, p), e in zip(b.endpoints, b.endpoint_ids))
         print(f"  backend {b.name}: {b.kind} over {b.protocol} at {eps}" + (" (implicit)" if b.implicit else ""))
     return 0
 
