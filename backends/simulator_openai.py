@@ -23,6 +23,31 @@ Endpoints
     each with ``method``, ``path`` and ``body_bytes``, and, once a generation or
     embedding request reached its engine, the ``model`` and the ``priority`` the
     engine queued it with.  Lets a test see what a gateway forwarded.
+    ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "load_inplace"?}``
+    and ``POST /v1/unload_lora_adapter`` ``{"lora_name"}``: vLLM's runtime LoRA
+    API (vLLM serves it with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; here it
+    is always on).  Success is 200 with vLLM's plain-text body ("Success: LoRA
+    adapter 'x' added successfully." / "... removed successfully."); errors as
+    vLLM: 400 ``InvalidUserInput`` for a missing name or path and for an adapter
+    already loaded (unless ``load_inplace``), 404 ``NotFoundError`` "The lora
+    adapter 'x' cannot be found." on unload.  A load takes ``--lora-load-ms``
+    (times ``--time-scale``); until it completes the adapter is not served.
+    A request naming an adapter that is not loaded gets vLLM's 404 for an
+    unknown model (no LoRA resolver is simulated).  ``/v1/models`` lists the
+    loaded adapters with ``parent`` = their base model and ``root`` = their path.
+    ``GET /simulator/state`` and ``POST /simulator/cached_prefix`` (simulator-only
+    introspection for an oracle router; vLLM has neither): the state is
+    ``{"latency_model", "block_size", "speed", "time_scale", "max_num_seqs",
+    "num_running", "num_waiting", "engines": {model: {"num_running",
+    "num_waiting", "waiting_prompt_tokens", "kv_cache_usage", "num_blocks",
+    "free_blocks", "reserved_blocks", "cached_blocks", "cached_block_hashes",
+    ...}}, "loras": {"loaded", "loading", "max_loras", "running", "waiting"}}``
+    (``?hashes=0`` leaves the hash lists out; the hashes are those of
+    :func:`backends.simulator_engine.block_hashes`, so an oracle can also hash
+    prompts itself).  ``cached_prefix`` takes ``{"model"?, "messages" | "prompt"}``
+    and answers ``{"prompt_tokens", "prompt_blocks", "cached_blocks",
+    "cached_tokens", ...}``: the leading blocks of that prompt cached right now,
+    and the cached tokens a request sent now would report.
 
 Content
     * Free text: words from a fixed vocabulary, one word per token; exactly
@@ -53,13 +78,48 @@ Engine model
     (sequences decode in parallel; a speed of 0 means instant).  TTFT is queue
     time plus prefill.  A request with ``n`` choices is one sequence group: one
     slot, one KV reservation.  A client disconnect (HTTP/1.1 connection close
-    or HTTP/2 RST_STREAM) cancels the request and frees its slot.
+    or HTTP/2 RST_STREAM) cancels the request and frees its slot.  ``--speed``
+    divides and ``--time-scale`` multiplies these durations (both 1 by default).
+
+Engine model with ``--latency-model vllm`` (for fleet benchmarks)
+    A continuous-batching engine per base model (:mod:`backends.simulator_engine`,
+    whose docstring has the formula and the vLLM figures it is calibrated from):
+    one asyncio task steps every running sequence together; a step lasts
+    ``(step_base + step_per_seq * seqs + prefill_per_token * uncached_prefill_tokens)
+    * time_scale / speed``, with chunked prefill under a per-step token budget,
+    so TTFT and inter-token latency emerge from load.  The KV cache holds
+    ``--kv-capacity // --block-size`` blocks with vLLM-style prefix caching
+    (chained block hashes, LRU reuse of freed blocks): a prompt's cached leading
+    blocks skip prefill and are reported as ``usage.prompt_tokens_details.
+    cached_tokens`` (as vLLM with ``--enable-prompt-tokens-details``; the simple
+    model leaves the field out).  Requests queue FCFS (by ``(priority,
+    arrival)``) for a slot and KV blocks for their whole footprint;
+    ``--max-loras N`` allows at most N distinct adapters in the running batch
+    (a request for another waits, requests behind it may run).  Prompt tokens
+    are counted as above.  Flags: ``--speed``, ``--time-scale``,
+    ``--kv-capacity`` (alias of ``--kv-cache-tokens``), ``--block-size``,
+    ``--max-num-batched-tokens``, ``--step-base-ms``, ``--step-per-seq-ms``,
+    ``--prefill-us-per-token``, ``--no-enable-prefix-caching``; LoRA (either
+    model): ``--lora-modules name=path ...`` (or vLLM's JSON form with
+    ``base_model_name``; the default base is the first model), ``--max-loras``,
+    ``--lora-load-ms``, ``--enable-lora``.  ``--prefill-tokens-per-s`` and
+    ``--decode-tokens-per-s`` belong to the simple model only.
 
 Metrics
     vLLM's names, one label set per engine (``model_name`` = the base model;
     LoRA traffic counts under its base, as in vLLM).  ``vllm:request_success_total``
-    counts cancelled requests with ``finished_reason="abort"``.  With ``--lora``
-    the ``vllm:lora_requests_info`` gauge is exported too.
+    counts cancelled requests with ``finished_reason="abort"``.  Also
+    ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (in
+    tokens; zero without a prefix cache) and their older ``vllm:gpu_prefix_cache_*``
+    names, ``vllm:num_preemptions_total`` (always 0), the inter-token histogram
+    as ``vllm:inter_token_latency_seconds`` and the older
+    ``vllm:time_per_output_token_seconds`` (one observation per token after the
+    first), and with ``--latency-model vllm`` ``vllm:cache_config_info{block_size,
+    enable_prefix_caching, num_gpu_blocks}``.  With LoRA enabled (``--lora``,
+    ``--lora-modules``, ``--max-loras``, ``--enable-lora`` or a runtime load) the
+    ``vllm:lora_requests_info{max_lora, running_lora_adapters,
+    waiting_lora_adapters}`` gauge is exported too (one series, the current one;
+    ``max_lora`` is ``--max-loras``, else the number of adapters given at start).
 """
 
 from __future__ import annotations
@@ -94,6 +154,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from .asgi_body import BodyTooLarge, Disconnected, read_body
+from .simulator_engine import BatchEngine, LatencyParams, block_hashes
 from .simulator_schema import instance_for
 
 __all__ = ["SimulatorApp", "SimulatorSettings", "build_app", "count_tokens", "main", "serve"]
@@ -133,7 +194,11 @@ _LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
     50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
+_TPOT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)
 _FINISHED_REASONS = ("stop", "length", "abort")
+LATENCY_MODELS = ("simple", "vllm")
 
 
 # --------------------------------------------------------------------------
@@ -156,26 +221,64 @@ class SimulatorSettings:
     max_model_len: int = 32768  # reported and enforced as min(this, kv_cache_tokens)
     seed: int = 0
     log_level: str = "warning"
+    # -- fleet simulation (defaults keep the simple model above) --
+    latency_model: str = "simple"  # "simple" or "vllm" (backends/simulator_engine.py)
+    speed: float = 1.0  # a GPU this many times as fast (0.5: an older node)
+    time_scale: float = 1.0  # every simulated duration is multiplied by this
+    block_size: int = 16
+    max_num_batched_tokens: int = 8192
+    step_base_ms: float = 6.2
+    step_per_seq_ms: float = 0.3
+    prefill_us_per_token: float = 33.0
+    enable_prefix_caching: bool = True
+    lora_modules: tuple[tuple[str, str, str], ...] = ()  # (adapter name, path, base model)
+    max_loras: int | None = None  # None: no limit in the batch; max_lora reports the static adapters
+    lora_load_ms: float = 0.0  # simulated time of POST /v1/load_lora_adapter
+    enable_lora: bool = False  # export vllm:lora_requests_info even with no adapter yet
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "loras", tuple((str(n), str(b)) for n, b in self.loras))
+        modules = []
+        for module in self.lora_modules:
+            name, path, *base = module
+            modules.append((str(name), str(path), str(base[0]) if base and base[0] else ""))
         if not self.models or any(not m for m in self.models):
             raise ValueError("the simulator needs at least one non-empty model name")
-        names = list(self.models) + [name for name, _ in self.loras]
+        modules = [(n, p, b or self.models[0]) for n, p, b in modules]
+        object.__setattr__(self, "lora_modules", tuple(modules))
+        names = list(self.models) + [name for name, _ in self.loras] + [name for name, _, _ in modules]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate model or LoRA names: {names}")
-        for name, base in self.loras:
+        for name, base in self.loras + tuple((n, b) for n, _, b in modules):
             if base not in self.models:
                 raise ValueError(f"LoRA {name!r} names unknown base model {base!r}")
         if self.prefill_tokens_per_s < 0 or self.decode_tokens_per_s < 0:
             raise ValueError("token speeds must be >= 0 (0 means instant)")
         if self.max_num_seqs < 1 or self.kv_cache_tokens < 1 or self.max_model_len < 1:
             raise ValueError("max_num_seqs, kv_cache_tokens and max_model_len must be >= 1")
+        if self.latency_model not in LATENCY_MODELS:
+            raise ValueError(f"latency_model must be one of {LATENCY_MODELS}, not {self.latency_model!r}")
+        if self.speed <= 0 or self.time_scale <= 0:
+            raise ValueError("speed and time_scale must be > 0")
+        if self.block_size < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("block_size and max_num_batched_tokens must be >= 1")
+        if self.latency_model == "vllm" and self.kv_cache_tokens < self.block_size:
+            raise ValueError("the KV cache must hold at least one block of block_size tokens")
+        if min(self.step_base_ms, self.step_per_seq_ms, self.prefill_us_per_token, self.lora_load_ms) < 0:
+            raise ValueError("step, prefill and LoRA load costs must be >= 0")
+        if self.max_loras is not None and self.max_loras < 1:
+            raise ValueError("max_loras must be >= 1")
 
     @property
     def effective_max_model_len(self) -> int:
         return min(self.max_model_len, self.kv_cache_tokens)
+
+    def latency_params(self) -> LatencyParams:
+        return LatencyParams(
+            step_base_s=self.step_base_ms / 1e3, step_per_seq_s=self.step_per_seq_ms / 1e3,
+            prefill_s_per_token=self.prefill_us_per_token / 1e6,
+            max_num_batched_tokens=self.max_num_batched_tokens, speed=self.speed, time_scale=self.time_scale)
 
 
 def count_tokens(text: str) -> int:
@@ -237,8 +340,11 @@ class _EngineStats:
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of which found cached
     finished: dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(_FINISHED_REASONS, 0))
     ttft: _HistogramState = dataclasses.field(default_factory=lambda: _HistogramState(_TTFT_BUCKETS))
+    itl: _HistogramState = dataclasses.field(default_factory=lambda: _HistogramState(_TPOT_BUCKETS))
     e2e: _HistogramState = dataclasses.field(default_factory=lambda: _HistogramState(_LATENCY_BUCKETS))
     queue_time: _HistogramState = dataclasses.field(default_factory=lambda: _HistogramState(_LATENCY_BUCKETS))
 
@@ -250,9 +356,10 @@ class _EngineCollector(Collector):
     so the exposition carries exactly vLLM's series (no ``*_created``).
     """
 
-    def __init__(self, engines: dict[str, _Engine], loras: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, engines: dict[str, Any], loras: "_LoraRegistry", settings: SimulatorSettings) -> None:
         self._engines = engines
         self._loras = loras
+        self._settings = settings
 
     def describe(self) -> list:
         return []
@@ -276,7 +383,16 @@ class _EngineCollector(Collector):
         generation = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         success = counter("vllm:request_success", "Count of successfully processed requests.",
                           ("finished_reason",))
+        queries = counter("vllm:prefix_cache_queries",
+                          "Prefix cache queries, in terms of number of queried tokens.")
+        hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        gpu_queries = counter("vllm:gpu_prefix_cache_queries",
+                              "GPU prefix cache queries, in terms of number of queried tokens.")
+        gpu_hits = counter("vllm:gpu_prefix_cache_hits", "GPU prefix cache hits, in terms of number of cached tokens.")
+        preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.")
+        tpot = histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.")
+        itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.")
         e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.")
         queue = histogram("vllm:request_queue_time_seconds",
                           "Histogram of time spent in WAITING phase for request.")
@@ -290,17 +406,31 @@ class _EngineCollector(Collector):
             generation.add_metric([model], stats.generation_tokens)
             for reason, count in stats.finished.items():
                 success.add_metric([model, reason], count)
-            for family, state in ((ttft, stats.ttft), (e2e, stats.e2e), (queue, stats.queue_time)):
+            for family, value in ((queries, stats.prefix_cache_queries), (gpu_queries, stats.prefix_cache_queries),
+                                  (hits, stats.prefix_cache_hits), (gpu_hits, stats.prefix_cache_hits),
+                                  (preemptions, 0)):
+                family.add_metric([model], value)
+            for family, state in ((ttft, stats.ttft), (tpot, stats.itl), (itl, stats.itl), (e2e, stats.e2e),
+                                  (queue, stats.queue_time)):
                 family.add_metric([model], state.cumulative_buckets(), state.total)
-        yield from (running, waiting, kv_usage, gpu_usage, prompt, generation, success, ttft, e2e, queue)
+        yield from (running, waiting, kv_usage, gpu_usage, prompt, generation, success, queries, hits,
+                    gpu_queries, gpu_hits, preemptions, ttft, tpot, itl, e2e, queue)
 
-        if self._loras:  # as vLLM with LoRA enabled: which adapters are busy (value: a timestamp)
+        settings = self._settings
+        if settings.latency_model == "vllm":  # as vLLM: the cache configuration as an info gauge
+            info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig (simulator)",
+                                     labels=["block_size", "enable_prefix_caching", "num_gpu_blocks"])
+            blocks = settings.kv_cache_tokens // settings.block_size
+            info.add_metric([str(settings.block_size), str(settings.enable_prefix_caching), str(blocks)], 1)
+            yield info
+
+        if self._loras.exported:  # as vLLM with LoRA enabled: which adapters are busy (value: a timestamp)
             info = GaugeMetricFamily(
                 "vllm:lora_requests_info", "Running stats on lora requests (simulator)",
                 labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
             running_names = {n for e in self._engines.values() for n in e.active_loras(running=True)}
             waiting_names = {n for e in self._engines.values() for n in e.active_loras(running=False)}
-            info.add_metric([str(len(self._loras)), ",".join(sorted(waiting_names)),
+            info.add_metric([str(self._loras.max_lora), ",".join(sorted(waiting_names)),
                              ",".join(sorted(running_names))], time.time())
             yield info
 
@@ -320,6 +450,7 @@ class _Job:
     order: int
     admitted: asyncio.Future
     held_tokens: int = 0
+    cached_tokens: int = 0  # the simple model has no prefix cache
 
     @property
     def footprint(self) -> int:
@@ -334,7 +465,12 @@ class _Run:
         self._job = job
         self._steps = 0
         self._decode_start = 0.0
+        self._last_step = 0.0
         self.finish_reason = "stop"
+
+    @property
+    def cached_tokens(self) -> int:
+        return 0
 
     def start_decode(self) -> None:
         self._decode_start = asyncio.get_running_loop().time()
@@ -343,18 +479,24 @@ class _Run:
         """Produce one decode step of ``tokens`` tokens (one per live choice).
 
         The first step is the token produced by prefill (no extra delay); each
-        later step is due ``1 / decode_tokens_per_s`` after the previous one.
+        later step is due ``1 / decode_tokens_per_s`` after the previous one
+        (times ``time_scale / speed``).
         """
-        speed = self._engine.settings.decode_tokens_per_s
+        settings = self._engine.settings
+        speed = settings.decode_tokens_per_s
         loop = asyncio.get_running_loop()
         if self._steps and speed > 0:
-            delay = self._decode_start + self._steps / speed - loop.time()
-            await asyncio.sleep(max(delay, 0.0))
+            due = self._steps / speed * settings.time_scale / settings.speed
+            await asyncio.sleep(max(self._decode_start + due - loop.time(), 0.0))
         else:
             await asyncio.sleep(0)  # stay fair to other requests at infinite speed
         stats = self._engine.stats
+        now = loop.time()
         if self._steps == 0:
-            stats.ttft.observe(loop.time() - self._job.arrival)
+            stats.ttft.observe(now - self._job.arrival)
+        else:
+            stats.itl.observe(now - self._last_step)
+        self._last_step = now
         self._steps += 1
         self._job.held_tokens += tokens
         stats.generation_tokens += tokens
@@ -389,7 +531,30 @@ class _Engine:
         jobs = self._running if running else (job for _, _, job in self._waiting)
         return [job.served_model for job in jobs if job.served_model != self.model]
 
-    def new_job(self, served_model: str, prompt_tokens: int, completion_tokens: int, priority: int) -> _Job:
+    def capacity_ok(self, footprint_tokens: int) -> bool:
+        return footprint_tokens <= self.settings.kv_cache_tokens
+
+    def cached_prefix(self, hashes: Any, prompt_tokens: int) -> tuple[int, int]:
+        return 0, 0  # no prefix cache in the simple model
+
+    def state(self, *, with_hashes: bool = True) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "num_running": self.num_running, "num_waiting": self.num_waiting,
+            "waiting_prompt_tokens": sum(job.prompt_tokens for _, _, job in self._waiting),
+            "kv_cache_usage": self.kv_usage, "kv_cache_tokens": self.settings.kv_cache_tokens,
+            "reserved_tokens": self._reserved_tokens, "cached_blocks": 0,
+        }
+        if with_hashes:
+            state["cached_block_hashes"] = []
+        return state
+
+    def close(self) -> None:
+        pass
+
+    def new_job(self, served_model: str, prompt_tokens: int, completion_tokens: int, priority: int,
+                **_unused: Any) -> _Job:
+        """A request of ``prompt_tokens`` and ``completion_tokens`` (the batch engine's prefix and
+        LoRA keywords mean nothing here)."""
         loop = asyncio.get_running_loop()
         return _Job(served_model, prompt_tokens, completion_tokens, priority, loop.time(),
                     next(self._order), loop.create_future())
@@ -410,7 +575,7 @@ class _Engine:
             stats.queue_time.observe(loop.time() - job.arrival)
             speed = self.settings.prefill_tokens_per_s
             if speed > 0 and job.prompt_tokens:
-                await asyncio.sleep(job.prompt_tokens / speed)
+                await asyncio.sleep(job.prompt_tokens / speed * self.settings.time_scale / self.settings.speed)
             job.held_tokens = job.prompt_tokens
             stats.prompt_tokens += job.prompt_tokens
             run.start_decode()
@@ -720,6 +885,35 @@ class _EventStream:
         await self._send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
+_QUERY: contextvars.ContextVar[str] = contextvars.ContextVar("simulator_query", default="")
+
+
+class _LoraRegistry:
+    """LoRA bookkeeping beside ``SimulatorApp._served``: adapter paths, loads in progress, the
+    ``vllm:lora_requests_info`` labels."""
+
+    def __init__(self, settings: SimulatorSettings) -> None:
+        self.paths: dict[str, str] = {name: path for name, path, _ in settings.lora_modules}
+        self.loading: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._static = len(settings.loras) + len(settings.lora_modules)
+        self._enabled = bool(self._static) or settings.enable_lora or settings.max_loras is not None
+        self.max_loras = settings.max_loras
+        self.ever_loaded = False
+
+    @property
+    def exported(self) -> bool:
+        return self._enabled or self.ever_loaded
+
+    @property
+    def max_lora(self) -> int:
+        """The ``max_lora`` label: ``--max-loras``, else the number of adapters given at start."""
+        return self.max_loras if self.max_loras is not None else self._static
+
+    def lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+
 # --------------------------------------------------------------------------
 # The application
 # --------------------------------------------------------------------------
@@ -733,9 +927,11 @@ class SimulatorApp:
         self.created = int(time.time())
         self._served: dict[str, str] = {m: m for m in settings.models}  # served name -> base model
         self._served.update({name: base for name, base in settings.loras})
-        self.engines: dict[str, _Engine] = {m: _Engine(m, settings) for m in settings.models}
+        self._served.update({name: base for name, _, base in settings.lora_modules})
+        self.loras = _LoraRegistry(settings)
+        self.engines: dict[str, _Engine | BatchEngine] = {m: self._new_engine(m) for m in settings.models}
         self.registry = CollectorRegistry(auto_describe=False)  # per app: no global state
-        self.registry.register(_EngineCollector(self.engines, settings.loras))
+        self.registry.register(_EngineCollector(self.engines, self.loras, settings))
         self._in_flight: set[asyncio.Task] = set()
         self.received: collections.deque[dict] = collections.deque(maxlen=RECEIVED_KEPT)
         self._routes: dict[str, dict[str, Callable]] = {
@@ -748,7 +944,25 @@ class SimulatorApp:
             "/version": {"GET": self._version},
             "/metrics": {"GET": self._metrics},
             "/simulator/requests": {"GET": self._received},
+            "/v1/load_lora_adapter": {"POST": self._load_lora_adapter},
+            "/v1/unload_lora_adapter": {"POST": self._unload_lora_adapter},
+            "/simulator/state": {"GET": self._state},
+            "/simulator/cached_prefix": {"POST": self._cached_prefix},
         }
+
+    def _new_engine(self, model: str) -> _Engine | BatchEngine:
+        settings = self.settings
+        if settings.latency_model == "simple":
+            return _Engine(model, settings)
+        return BatchEngine(model, kv_cache_tokens=settings.kv_cache_tokens, block_size=settings.block_size,
+                           max_num_seqs=settings.max_num_seqs, max_loras=settings.max_loras,
+                           params=settings.latency_params(), prefix_caching=settings.enable_prefix_caching,
+                           stats=_EngineStats())
+
+    async def aclose(self) -> None:
+        """Stop the engines' step loops (the batch engine runs one task per base model)."""
+        for engine in self.engines.values():
+            engine.close()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "lifespan":
@@ -809,6 +1023,7 @@ class SimulatorApp:
             entry = {"method": scope["method"], "path": scope["path"], "body_bytes": len(body)}
             self.received.append(entry)
             _RECEIVED.set(entry)
+        _QUERY.set(scope.get("query_string", b"").decode("latin-1"))
         try:
             for key, value in scope.get("headers", ()):
                 if key == b"x-simulator-fault":
@@ -835,7 +1050,7 @@ class SimulatorApp:
 
     # -- model lookup -------------------------------------------------------
 
-    def _engine_for(self, body: dict) -> tuple[str, _Engine]:
+    def _engine_for(self, body: dict) -> tuple[str, _Engine | BatchEngine]:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise _bad_request("`model` is required and must be a string", "model")
@@ -858,7 +1073,10 @@ class SimulatorApp:
             self._check_footprint(sum(t for _, t in prompts) + len(prompts) * options.n * requested)
 
     def _check_footprint(self, footprint: int) -> None:
-        if footprint > self.settings.kv_cache_tokens:
+        settings = self.settings
+        blocks = math.ceil(footprint / settings.block_size)
+        if footprint > settings.kv_cache_tokens or (
+                settings.latency_model == "vllm" and blocks > settings.kv_cache_tokens // settings.block_size):
             raise _bad_request(
                 f"The request needs {footprint} KV-cache tokens but the simulated cache holds only "
                 f"{self.settings.kv_cache_tokens}.")
@@ -898,8 +1116,28 @@ class SimulatorApp:
         options = _common_options(request, chat=False)
         await self._generate(engine, model, prompts, options, chat=False, send=send)
 
-    async def _generate(self, engine: _Engine, model: str, prompts: list[tuple[Any, int]], options: _Options,
-                        *, chat: bool, send: Callable) -> None:
+    def _lora_of(self, model: str) -> str | None:
+        return None if model in self.engines else model
+
+    def _prefix_hashes(self, model: str, prompts: list[tuple[Any, int]], chat: bool) -> list[str]:
+        """The prompt's chained block hashes (batch engine with prefix caching only)."""
+        settings = self.settings
+        if settings.latency_model != "vllm" or not settings.enable_prefix_caching:
+            return []
+        if chat:
+            items: list[Any] = ["".join(_message_text(m, i) for i, m in enumerate(prompts[0][0]))]
+        else:
+            items = [item for item, _ in prompts]
+        return block_hashes(items, settings.block_size, self._lora_of(model))
+
+    def _usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+        usage = _usage(prompt_tokens, completion_tokens)
+        if self.settings.latency_model == "vllm":  # as vLLM with --enable-prompt-tokens-details
+            usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+        return usage
+
+    async def _generate(self, engine: _Engine | BatchEngine, model: str, prompts: list[tuple[Any, int]],
+                        options: _Options, *, chat: bool, send: Callable) -> None:
         """Queue, pace and answer a chat or text completion (streamed or not)."""
         self._check_lengths(prompts, options)
         fault = _FAULT.get()
@@ -909,18 +1147,20 @@ class SimulatorApp:
         prompt_tokens = sum(tokens for _, tokens in prompts)
         completion_tokens = sum(len(c.pieces) for c in choices)
         self._check_footprint(prompt_tokens + completion_tokens)
-        job = engine.new_job(model, prompt_tokens, completion_tokens, options.priority)
+        job = engine.new_job(model, prompt_tokens, completion_tokens, options.priority,
+                             lora=self._lora_of(model), hashes=self._prefix_hashes(model, prompts, chat),
+                             choice_lengths=[len(c.pieces) for c in choices])
         _note_job(model, job)
         steps = max((len(c.pieces) for c in choices), default=0)
         response_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
-        usage = _usage(prompt_tokens, completion_tokens)
 
         if not options.stream:
             async with engine.run(job) as run:
                 for step in range(steps):
                     await run.step(sum(1 for c in choices if step < len(c.pieces)))
                 run.finish_reason = _request_finish_reason(choices)
+            usage = self._usage(prompt_tokens, completion_tokens, run.cached_tokens)
             await _send_json(send, _full_response(response_id, created, model, choices, usage, chat))
             return
 
@@ -963,6 +1203,7 @@ class SimulatorApp:
                         await stream.event(chunk(choice, text=piece, finish_reason=finish))
             run.finish_reason = _request_finish_reason(choices)
         if options.include_usage:
+            usage = self._usage(prompt_tokens, completion_tokens, run.cached_tokens)
             await stream.event({"id": response_id, "object": object_name, "created": created, "model": model,
                                 "choices": [], "usage": usage})
         await stream.done()
@@ -983,7 +1224,8 @@ class SimulatorApp:
                     f"This model's maximum context length is {max_len} tokens. However, you requested "
                     f"{tokens} tokens in the input for embedding generation. Please reduce the length of the input.")
         self._check_footprint(prompt_tokens)
-        job = engine.new_job(model, prompt_tokens, 0, _int_field(request, "priority", default=0))
+        job = engine.new_job(model, prompt_tokens, 0, _int_field(request, "priority", default=0),
+                             lora=self._lora_of(model))
         _note_job(model, job)
         async with engine.run(job):
             pass
@@ -1005,7 +1247,8 @@ class SimulatorApp:
     async def _models(self, body: bytes, send: Callable) -> None:
         max_len = self.settings.effective_max_model_len
         data = [{"id": name, "object": "model", "created": self.created, "owned_by": "simulator",
-                 "root": name, "parent": None if base == name else base, "max_model_len": max_len}
+                 "root": self.loras.paths.get(name, name), "parent": None if base == name else base,
+                 "max_model_len": max_len}
                 for name, base in self._served.items()]
         await _send_json(send, {"object": "list", "data": data})
 
@@ -1020,6 +1263,86 @@ class SimulatorApp:
 
     async def _metrics(self, body: bytes, send: Callable) -> None:
         await _send_response(send, 200, generate_latest(self.registry), CONTENT_TYPE_LATEST.encode())
+
+    # -- LoRA adapters, as vLLM's runtime loading API (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) --------
+
+    async def _load_lora_adapter(self, body: bytes, send: Callable) -> None:
+        request = _parse_json_object(body)
+        name, path = request.get("lora_name"), request.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise _HTTPError(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
+        if name in self.engines:
+            raise _HTTPError(400, f"'{name}' is a base model name, not an adapter.", "InvalidUserInput")
+        async with self.loras.lock(name):
+            if name in self._served and not request.get("load_inplace"):
+                raise _HTTPError(
+                    400, f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in "
+                    "place, set 'load_inplace' to True.", "InvalidUserInput")
+            base = self._served.get(name) or self.settings.models[0]  # vLLM: the first base model
+            self.loras.loading.add(name)
+            try:
+                await asyncio.sleep(self.settings.lora_load_ms / 1e3 * self.settings.time_scale)
+            finally:
+                self.loras.loading.discard(name)
+            self._served[name] = base
+            self.loras.paths[name] = path
+            self.loras.ever_loaded = True
+        log.info("simulator: loaded LoRA adapter %r from %r", name, path)
+        await _send_response(send, 200, f"Success: LoRA adapter '{name}' added successfully.".encode(), None)
+
+    async def _unload_lora_adapter(self, body: bytes, send: Callable) -> None:
+        request = _parse_json_object(body)
+        name = request.get("lora_name")
+        if not isinstance(name, str) or not name:
+            raise _HTTPError(400, "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput")
+        async with self.loras.lock(name):
+            if name in self.engines or name not in self._served:
+                raise _HTTPError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+            del self._served[name]  # requests already queued or running under it finish normally
+            self.loras.paths.pop(name, None)
+        log.info("simulator: unloaded LoRA adapter %r", name)
+        await _send_response(send, 200, f"Success: LoRA adapter '{name}' removed successfully.".encode(), None)
+
+    # -- introspection for an oracle router (simulator-only: vLLM has no such endpoints) ----------
+
+    async def _state(self, body: bytes, send: Callable) -> None:
+        with_hashes = "hashes=0" not in _QUERY.get().split("&")
+        engines = {model: engine.state(with_hashes=with_hashes) for model, engine in self.engines.items()}
+        settings = self.settings
+        adapters = {name: {"base": base, "path": self.loras.paths.get(name, name)}
+                    for name, base in self._served.items() if name not in self.engines}
+        await _send_json(send, {
+            "latency_model": settings.latency_model,
+            "block_size": settings.block_size if settings.latency_model == "vllm" else None,
+            "speed": settings.speed, "time_scale": settings.time_scale, "max_num_seqs": settings.max_num_seqs,
+            "num_running": sum(e["num_running"] for e in engines.values()),
+            "num_waiting": sum(e["num_waiting"] for e in engines.values()),
+            "engines": engines,
+            "loras": {"loaded": adapters, "loading": sorted(self.loras.loading), "max_loras": settings.max_loras,
+                      "running": sorted({n for e in self.engines.values() for n in e.active_loras(running=True)}),
+                      "waiting": sorted({n for e in self.engines.values() for n in e.active_loras(running=False)})},
+        })
+
+    async def _cached_prefix(self, body: bytes, send: Callable) -> None:
+        request = _parse_json_object(body)
+        if request.get("model") is None:
+            request["model"] = self.settings.models[0]
+        model, engine = self._engine_for(request)
+        if "messages" in request:
+            messages = request["messages"]
+            if not isinstance(messages, list) or not messages:
+                raise _bad_request("`messages` must be a non-empty list", "messages")
+            text = "".join(_message_text(m, i) for i, m in enumerate(messages))
+            prompts: list[tuple[Any, int]] = [(messages, count_tokens(text))]
+            chat = True
+        else:
+            prompts, chat = _parse_prompts(request.get("prompt")), False
+        prompt_tokens = sum(tokens for _, tokens in prompts)
+        hashes = self._prefix_hashes(model, prompts, chat)
+        blocks, cached_tokens = engine.cached_prefix(hashes, prompt_tokens)
+        await _send_json(send, {"model": model, "prompt_tokens": prompt_tokens, "block_size": self.settings.block_size,
+                                "prompt_blocks": len(hashes), "cached_blocks": blocks,
+                                "cached_tokens": cached_tokens})
 
 
 def _parse_prompts(value: Any, field: str = "prompt") -> list[tuple[Any, int]]:
@@ -1125,6 +1448,7 @@ async def serve(settings: SimulatorSettings, shutdown_event: asyncio.Event, *,
     finally:
         aborter.cancel()
         await asyncio.gather(aborter, return_exceptions=True)
+        await app.aclose()
     log.info("simulator on %s:%d stopped", host, port)
 
 
@@ -1136,6 +1460,22 @@ def _parse_loras(text: str) -> tuple[tuple[str, str], ...]:
             raise argparse.ArgumentTypeError(f"--lora expects name:base[,name:base...], got {item!r}")
         loras.append((name, base))
     return tuple(loras)
+
+
+def _parse_lora_module(text: str) -> tuple[str, str, str]:
+    """vLLM's --lora-modules item: ``name=path`` or ``{"name": ..., "path": ..., "base_model_name": ...}``."""
+    if text.lstrip().startswith("{"):
+        try:
+            spec = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise argparse.ArgumentTypeError(f"--lora-modules: invalid JSON {text!r}: {exc}") from None
+        name, path, base = spec.get("name"), spec.get("path"), spec.get("base_model_name") or ""
+    else:
+        name, _, path = text.partition("=")
+        base = ""
+    if not isinstance(name, str) or not name or not isinstance(path, str) or not path or not isinstance(base, str):
+        raise argparse.ArgumentTypeError(f"--lora-modules expects name=path, got {text!r}")
+    return name, path, base
 
 
 def _parse_args(argv: list[str] | None) -> SimulatorSettings:
@@ -1151,11 +1491,41 @@ def _parse_args(argv: list[str] | None) -> SimulatorSettings:
     parser.add_argument("--prefill-tokens-per-s", type=float, default=0.0, help="0 means instant")
     parser.add_argument("--decode-tokens-per-s", type=float, default=0.0, help="0 means instant")
     parser.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs)
-    parser.add_argument("--kv-cache-tokens", type=int, default=defaults.kv_cache_tokens)
+    parser.add_argument("--kv-cache-tokens", "--kv-capacity", dest="kv_cache_tokens", type=int,
+                        default=defaults.kv_cache_tokens, help="KV-cache capacity in tokens")
     parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-level", default="warning",
                         choices=["debug", "info", "warning", "error", "critical"])
+    fleet = parser.add_argument_group(
+        "fleet simulation", "--latency-model vllm: a continuous-batching engine with a prefix cache "
+        "(backends/simulator_engine.py; defaults calibrated on an H100 serving Llama-3.1-8B)")
+    fleet.add_argument("--latency-model", choices=LATENCY_MODELS, default=defaults.latency_model,
+                       help="simple: per-request pacing (--prefill/--decode-tokens-per-s); "
+                            "vllm: engine steps, batch-dependent decode, prefix cache")
+    fleet.add_argument("--speed", type=float, default=defaults.speed,
+                       help="GPU speed relative to the calibration (0.5: an older, half-as-fast node)")
+    fleet.add_argument("--time-scale", type=float, default=defaults.time_scale,
+                       help="multiply every simulated duration (slows the whole model down for a small host)")
+    fleet.add_argument("--block-size", type=int, default=defaults.block_size, help="KV block size in tokens")
+    fleet.add_argument("--max-num-batched-tokens", type=int, default=defaults.max_num_batched_tokens,
+                       help="token budget of one engine step (chunked prefill)")
+    fleet.add_argument("--step-base-ms", type=float, default=defaults.step_base_ms,
+                       help="fixed cost of one engine step")
+    fleet.add_argument("--step-per-seq-ms", type=float, default=defaults.step_per_seq_ms,
+                       help="extra step cost per sequence in the batch")
+    fleet.add_argument("--prefill-us-per-token", type=float, default=defaults.prefill_us_per_token,
+                       help="step cost per uncached prompt token")
+    fleet.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                       help="disable the prefix cache (vLLM's flag)")
+    lora = parser.add_argument_group("LoRA adapters (vLLM's flags)")
+    lora.add_argument("--lora-modules", nargs="+", type=_parse_lora_module, default=[], metavar="name=path",
+                      help="adapters loaded at start: name=path or JSON {\"name\", \"path\", \"base_model_name\"}")
+    lora.add_argument("--max-loras", type=int, default=None,
+                      help="most distinct adapters in one batch (vllm model); the max_lora label")
+    lora.add_argument("--lora-load-ms", type=float, default=defaults.lora_load_ms,
+                      help="how long POST /v1/load_lora_adapter takes (times --time-scale)")
+    lora.add_argument("--enable-lora", action="store_true", help="export vllm:lora_requests_info from the start")
     args = parser.parse_args(argv)
     try:
         return SimulatorSettings(
@@ -1164,7 +1534,13 @@ def _parse_args(argv: list[str] | None) -> SimulatorSettings:
             loras=args.lora, prefill_tokens_per_s=args.prefill_tokens_per_s,
             decode_tokens_per_s=args.decode_tokens_per_s, max_num_seqs=args.max_num_seqs,
             kv_cache_tokens=args.kv_cache_tokens, max_model_len=args.max_model_len,
-            seed=args.seed, log_level=args.log_level)
+            seed=args.seed, log_level=args.log_level,
+            latency_model=args.latency_model, speed=args.speed, time_scale=args.time_scale,
+            block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+            step_base_ms=args.step_base_ms, step_per_seq_ms=args.step_per_seq_ms,
+            prefill_us_per_token=args.prefill_us_per_token, enable_prefix_caching=args.enable_prefix_caching,
+            lora_modules=tuple(args.lora_modules), max_loras=args.max_loras, lora_load_ms=args.lora_load_ms,
+            enable_lora=args.enable_lora)
     except ValueError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
