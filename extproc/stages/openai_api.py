@@ -61,7 +61,7 @@ class OpenAIParse:
         body = parse_json_body(msg.body, allow_empty=True)
         if isinstance(body, Reject):
             return body
-        if body is None:
+        if body is None and not msg.body.strip():  # an empty body; `null` is JSON that is not an object
             body = {}
         if not isinstance(body, dict):
             return reject(400, "invalid_request", "request body must be a JSON object")
