@@ -25,10 +25,15 @@ def st() -> RequestState:
 
 def test_declared_length_over_the_limit_is_413_before_the_body():
     v = BodyLimit().on_request_headers(st(), HttpMessage(Phase.REQUEST_HEADERS, headers={"content-length": "11"}))
-    assert isinstance(v, Reject) and v.status == 413
+    assert isinstance(v, Reject) and (v.status, v.code, v.fields) == (413, "body_too_large", {"limit": 10})
+    assert v.message == "request body is 11 bytes; route p accepts at most 10"
     assert orjson.loads(v.body)["error"]["limit"] == 10
     assert BodyLimit().on_request_headers(st(), HttpMessage(Phase.REQUEST_HEADERS, headers={"content-length": "10"})) is None
     assert BodyLimit().on_request_headers(st(), HttpMessage(Phase.REQUEST_HEADERS, headers={})) is None
+    assert BodyLimit().on_request_headers(st(), HttpMessage(Phase.REQUEST_HEADERS, headers=None)) is None
+    # a length that is not a number is Envoy's to refuse, not ours
+    for bad in ("-5", "1e9", "", " 11"):
+        assert BodyLimit().on_request_headers(st(), HttpMessage(Phase.REQUEST_HEADERS, headers={"content-length": bad})) is None
 
 
 def test_actual_length_is_checked_where_the_body_is_buffered():
