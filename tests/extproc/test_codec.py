@@ -91,3 +91,115 @@ def test_mutate_and_lifecycle_metadata_share_the_replys_dynamic_metadata():
     md = resp.dynamic_metadata.fields
     assert md["envoy.lb"].struct_value.fields["x-gateway-destination-endpoint"].string_value == "10.0.0.1:80"
     assert md["adapter"].struct_value.fields["token"].string_value == "1-7"
+
+
+# --- survivors of mutation testing (issue 9): whole replies compared field for field ----------------
+
+from google.protobuf import text_format  # noqa: E402
+from google.protobuf.struct_pb2 import NULL_VALUE  # noqa: E402
+
+
+def reply(text: str) -> pb.ProcessingResponse:
+    return text_format.Parse(text, pb.ProcessingResponse())
+
+
+def test_attributes_keep_nulls_bools_numbers_and_strings_and_absent_attributes_are_none():
+    req = pb.ProcessingRequest()
+    req.response_headers.end_of_stream = True
+    attrs = req.attributes["envoy.filters.http.ext_proc"]
+    attrs.update({"response.code": 201, "upstream.address": "10.0.0.1:80", "flag": True})
+    attrs.fields["none"].null_value = NULL_VALUE
+    msg = codec.decode(req)
+    assert msg.attributes == {"response.code": 201.0, "upstream.address": "10.0.0.1:80", "flag": True, "none": None}
+    assert msg.end_of_stream is True and msg.headers == {}
+    bare = pb.ProcessingRequest()
+    bare.request_headers.SetInParent()
+    assert codec.decode(bare).attributes is None and codec.decode(bare).end_of_stream is False
+
+
+def test_header_values_that_are_not_utf8_are_replaced_not_refused():
+    req = pb.ProcessingRequest()
+    h = req.response_headers.headers.headers.add()
+    h.key, h.raw_value = "x-bin", b"a\xffb"
+    assert codec.decode(req).headers == {"x-bin": "a\ufffdb"}
+    req2 = pb.ProcessingRequest()
+    t = req2.response_trailers.trailers.headers.add()
+    t.key, t.raw_value = "x-t", b"\xfe"
+    assert codec.decode(req2).headers == {"x-t": "\ufffd"}
+
+
+def test_a_full_mutation_reply_is_exactly_this():
+    m = Mutate(set_headers=(("x-a", "1"), ("x-b", "é")), remove_headers=("content-length",), body=b"new",
+               clear_route_cache=True, skip_body=True, dynamic_metadata=(("envoy.lb", {"k": "v"}),))
+    assert codec.encode(Phase.REQUEST_HEADERS, m, metadata={"adapter": {"worker": "0", "token": "0.a-1"}}) == reply("""
+        request_headers { response {
+          header_mutation {
+            set_headers { header { key: "x-a" raw_value: "1" } append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+            set_headers { header { key: "x-b" raw_value: "\\303\\251" } append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+            remove_headers: "content-length"
+          }
+          body_mutation { body: "new" }
+          clear_route_cache: true
+        } }
+        mode_override { request_body_mode: NONE response_body_mode: NONE }
+        dynamic_metadata { fields { key: "adapter" value { struct_value {
+            fields { key: "token" value { string_value: "0.a-1" } }
+            fields { key: "worker" value { string_value: "0" } } } } }
+          fields { key: "envoy.lb" value { struct_value { fields { key: "k" value { string_value: "v" } } } } } }
+    """)
+
+
+def test_a_plain_mutate_sets_only_what_it_names():
+    assert codec.encode(Phase.RESPONSE_BODY, Mutate()) == reply("response_body { }")
+    assert codec.encode(Phase.RESPONSE_BODY, Mutate(body=b"")) == reply(
+        'response_body { response { body_mutation { body: "" } } }')
+    assert codec.encode(Phase.REQUEST_BODY, Mutate(set_headers=(("k", "v"),))) == reply("""
+        request_body { response { header_mutation {
+          set_headers { header { key: "k" raw_value: "v" } append_action: OVERWRITE_IF_EXISTS_OR_ADD } } } }""")
+    assert codec.encode(Phase.RESPONSE_HEADERS, Mutate(clear_route_cache=True)) == reply(
+        "response_headers { response { header_mutation { } clear_route_cache: true } }")
+    assert codec.encode(Phase.RESPONSE_TRAILERS, Mutate()) == reply("response_trailers { }")
+    assert codec.encode(Phase.REQUEST_TRAILERS, CONTINUE) == reply("request_trailers { }")
+    assert codec.encode(Phase.RESPONSE_HEADERS, CONTINUE, metadata={"adapter": {"n": 2}}) == reply("""
+        response_headers { }
+        dynamic_metadata { fields { key: "adapter" value { struct_value {
+          fields { key: "n" value { number_value: 2 } } } } } }""")
+
+
+def test_a_reject_reply_is_exactly_this_with_default_route_and_request_id():
+    err = Reject(429, "tenant_over_quota", "over", {}, retry_after=3, headers=(("x-extra", "1"),))
+    resp = codec.encode(Phase.REQUEST_HEADERS, err, metadata={"adapter": {"token": "t"}})
+    body = resp.immediate_response.body
+    assert orjson.loads(body) == {"error": {"status": 429, "code": "tenant_over_quota", "message": "over",
+                                            "retry_after_s": 3, "request_id": ""}}
+    resp.immediate_response.ClearField("body")
+    assert resp == reply("""
+        immediate_response {
+          status { code: TooManyRequests }
+          headers {
+            set_headers { header { key: "content-type" raw_value: "application/json" } append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+            set_headers { header { key: "x-adapter-error" raw_value: "tenant_over_quota" } append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+            set_headers { header { key: "retry-after" raw_value: "3" } append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+            set_headers { header { key: "x-extra" raw_value: "1" } append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+          }
+          details: "tenant_over_quota"
+        }
+        dynamic_metadata { fields { key: "adapter" value { struct_value {
+          fields { key: "processor_reply" value { bool_value: true } }
+          fields { key: "token" value { string_value: "t" } } } } } }""")
+
+
+def test_a_respond_reply_is_exactly_this():
+    resp = codec.encode(Phase.REQUEST_BODY, Respond(200, b'{"ok": true}', "health_ok", (("cache-control", "no-store"),)))
+    assert resp == reply("""
+        immediate_response {
+          status { code: OK }
+          headers {
+            set_headers { header { key: "content-type" raw_value: "application/json" } append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+            set_headers { header { key: "cache-control" raw_value: "no-store" } append_action: OVERWRITE_IF_EXISTS_OR_ADD }
+          }
+          body: "{\\"ok\\": true}"
+          details: "health_ok"
+        }
+        dynamic_metadata { fields { key: "adapter" value { struct_value {
+          fields { key: "processor_reply" value { bool_value: true } } } } } }""")

@@ -200,3 +200,9 @@ def test_refused_jsonrpc_tool_call_gets_a_jsonrpc_error(tmp_path):
     assert isinstance(v, Reject) and v.status == 404
     out = orjson.loads(render(route.dialect, v, route.name, "rid"))
     assert out.get("jsonrpc") == "2.0" and out.get("id") == 7 and out["error"]["code"] == -32602
+
+
+def test_tool_jsonrpc_500_is_internal_error_and_499_invalid_params():
+    assert body("tool", reject(500, "c", "m", jsonrpc_id=1))["error"]["code"] == -32603
+    assert body("tool", reject(499, "c", "m", jsonrpc_id=1))["error"]["code"] == -32602
+    assert body("tool", reject(399, "c", "m", jsonrpc_id=1))["error"]["code"] == -32603

@@ -268,3 +268,57 @@ def test_an_entry_for_a_previous_process_of_the_worker_is_dropped_not_applied():
     assert rec.calls == [] and lc.late_entries == 1 and not lc._orphans
     fb.handle(message(entry(st.token, status=200)))
     assert rec.calls == [(st.token, Outcome.OK)]
+
+
+# --- survivors of mutation testing (issue 9) ------------------------------------------------------
+
+
+def test_entries_of_one_message_are_counted_per_result_with_their_number():
+    registry = CollectorRegistry()
+    lc = Lifecycle(0, feedback=True, boot="a")
+    fb = AccessLogFeedback(lc, ProcessorMetrics(registry))
+    a, b = open_request(lc), open_request(lc)
+    for st in (a, b):
+        lc.stream_ended(st, "end", now=0.0)
+    fb.handle(message(entry(a.token), entry(b.token), entry("0.a-77"), entry(None)))
+    assert fb.entries == 4
+    assert collect(registry).series("adapter_processor_feedback_entries_total") == {
+        (("result", "matched"),): 2.0, (("result", "orphan"),): 1.0}
+
+
+def test_a_bad_message_is_logged_and_the_stream_goes_on(caplog):
+    lc = Lifecycle(0, feedback=True, boot="a")
+    fb = AccessLogFeedback(lc)
+    lc.completed = None  # type: ignore[assignment]  # every entry with a token fails to apply
+
+    async def source():
+        yield message(entry("0.a-1"))
+
+    caplog.set_level("ERROR", logger="extproc.feedback")
+    asyncio.run(fb.StreamAccessLogs(source(), None))
+    assert [r.getMessage() for r in caplog.records] == ["access-log entry could not be applied"]
+
+
+async def test_add_to_server_serves_the_access_log_service_over_grpc():
+    import grpc
+    from envoy.service.accesslog.v3 import als_pb2_grpc
+
+    from extproc.feedback import add_to_server
+
+    rec = Recorder()
+    lc = Lifecycle(0, feedback=True, boot="a", observers=[rec])
+    st = open_request(lc)
+    lc.stream_ended(st, "end", now=0.0)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    add_to_server(AccessLogFeedback(lc), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            async def source():
+                yield message(entry(st.token, status=503))
+            resp = await als_pb2_grpc.AccessLogServiceStub(channel).StreamAccessLogs(source())
+    finally:
+        await server.stop(0)
+    assert isinstance(resp, als_pb2.StreamAccessLogsResponse)
+    assert rec.calls == [(st.token, Outcome.BACKEND_ERROR)]

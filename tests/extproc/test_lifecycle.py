@@ -307,3 +307,175 @@ async def test_only_configured_models_become_token_label_values():
     assert collect(registry, [svc]).series("adapter_processor_tokens_total") == {
         (("backend", "fake"), ("model", m), ("route", "v1-chat-completions"), ("tenant", "none"), ("type", "prompt")): 3.0
         for m in ("qwen2.5-finance", "other")}
+
+
+# --- survivors of mutation testing (issue 9): exact tokens, deadlines and counts -------------------
+
+
+def _open(lc: Lifecycle, **kw) -> RequestState:
+    st = _state(**kw)
+    lc.start(st)
+    return st
+
+
+def test_metadata_names_the_worker_and_the_token_and_marks_it_sent():
+    lc = Lifecycle(worker=3, feedback=True, boot="b")
+    st = _open(lc)
+    assert st.token == "3.b-1" and st.token_sent is False
+    assert lc.metadata(st) == {"adapter": {"worker": "3", "token": "3.b-1"}}
+    assert st.token_sent is True
+    assert _open(lc).token == "3.b-2"
+
+
+def test_the_token_number_is_read_after_the_last_dash_of_a_boot_with_dashes():
+    lc = Lifecycle(worker=0, feedback=True, boot="x-y")
+    st = _open(lc)
+    assert st.token == "0.x-y-1"
+    assert lc.completed("0.x-y-5", Completion(200), now=0.0) == "orphan"  # not issued yet: may come
+    assert lc.completed("0.x-y-2", Completion(200), now=0.0) == "orphan"  # the next one, not issued either
+    assert lc.completed("0.x-y-0", Completion(200), now=0.0) == "late"
+    assert lc.completed("0.other-1", Completion(200), now=0.0) == "late"
+    assert lc.late_entries == 2 and sorted(lc._orphans) == ["0.x-y-2", "0.x-y-5"]
+
+
+def test_an_orphan_is_kept_for_its_ttl_and_dropped_at_it():
+    from extproc.lifecycle import ORPHAN_TTL
+
+    lc = Lifecycle(worker=0, feedback=True, boot="a")
+    assert lc.completed("0.a-1", Completion(200), now=100.0) == "orphan"
+    lc.sweep(now=100.0 + ORPHAN_TTL - 0.5)
+    assert list(lc._orphans) == ["0.a-1"]
+    lc.sweep(now=100.0 + ORPHAN_TTL)
+    assert lc._orphans == {}
+
+
+def test_an_orphan_entry_completes_its_stream_when_it_ends():
+    rec = Recorder()
+    lc = Lifecycle(worker=0, feedback=True, boot="a", observers=[rec])
+    assert lc.completed("0.a-1", Completion(503, flags=frozenset({"upstream_connection_failure"})), now=0.0) == "orphan"
+    st = _open(lc)
+    lc.metadata(st)
+    lc.stream_ended(st, "end", now=0.0)
+    assert rec.done == {"0.a-1": [Outcome.BACKEND_ERROR]} and lc._orphans == {} and lc._waiting == {}
+
+
+def test_the_deadline_is_the_route_timeout_plus_the_grace_and_sweep_finishes_at_it():
+    from extproc.lifecycle import FEEDBACK_GRACE
+
+    svc, rec, _ = service(feedback=True)
+    lc = svc.runtime.lifecycle
+    route = svc.config.current.routes["v1-chat-completions"]
+    st = RequestState(snapshot=svc.config.current, route=route, started=0.0, complete=True)
+    lc.start(st)
+    lc.metadata(st)
+    lc.stream_ended(st, "end", now=100.0)
+    deadline = 100.0 + route.timeout + FEEDBACK_GRACE
+    assert route.timeout > 0 and lc._waiting == {st.token: deadline}
+    assert lc.sweep(now=deadline - 0.001) == 0 and rec.done == {}
+    assert lc.sweep(now=deadline) == 1
+    assert rec.done == {st.token: [Outcome.OK]} and st.attrs["_completion_source"] == "deadline"
+    assert lc._waiting == {} and lc.open_count == 0
+
+
+def test_late_entries_are_counted_each():
+    lc = Lifecycle(worker=0, feedback=True, boot="a")
+    st = _open(lc)
+    lc.stream_ended(st, "end")  # no token sent: done at once
+    for _ in range(3):
+        assert lc.completed(st.token, Completion(200)) == "late"
+    assert lc.late_entries == 3
+
+
+def test_an_entry_for_a_stream_still_open_waits_for_its_end():
+    rec = Recorder()
+    lc = Lifecycle(worker=0, feedback=True, boot="a", observers=[rec])
+    st = _open(lc)
+    lc.metadata(st)
+    assert lc.completed(st.token, Completion(429), now=0.0) == "matched"
+    assert rec.done == {} and st.completion == Completion(429)
+    lc.stream_ended(st, "end", now=0.0)
+    assert rec.done == {st.token: [Outcome.REJECTED]} and lc._waiting == {}
+
+
+def test_close_marks_the_source_and_finishes_from_what_is_known():
+    seen = []
+    lc = Lifecycle(worker=0, feedback=True, boot="a",
+                   observers=[lambda st, o: seen.append((st.token, o, st.attrs.get("_completion_source")))])
+    a, b = _open(lc, complete=True), _open(lc, reply_status=429)
+    for st in (a, b):
+        lc.metadata(st)
+        lc.stream_ended(st, "end", now=0.0)
+    assert len(lc._waiting) == 2
+    lc.close()
+    assert seen == [("0.a-1", Outcome.OK, "shutdown"), ("0.a-2", Outcome.REJECTED, "shutdown")]
+    assert lc._waiting == {} and lc.open_count == 0 and lc.done_count == 2
+    lc.close()  # nothing left: nothing fires twice
+    assert len(seen) == 2
+
+
+def test_stream_ended_twice_or_after_done_changes_nothing():
+    rec = Recorder()
+    lc = Lifecycle(worker=0, feedback=False, boot="a", observers=[rec])
+    st = _open(lc)
+    lc.stream_ended(st, "error")
+    lc.stream_ended(st, "end")
+    assert st.stream_end == "error" and rec.done == {st.token: [Outcome.BACKEND_ERROR]} and lc.done_count == 1
+
+
+def test_a_raising_observer_is_logged_and_the_next_still_runs(caplog):
+    rec = Recorder()
+
+    def broken(state, outcome):
+        raise RuntimeError("observer bug")
+
+    lc = Lifecycle(worker=0, feedback=False, boot="a", observers=[broken, rec])
+    st = _open(lc, complete=True)
+    caplog.set_level("ERROR", logger="extproc.lifecycle")
+    lc.stream_ended(st, "end")
+    assert rec.done == {st.token: [Outcome.OK]}
+    assert [r.getMessage() for r in caplog.records] == [f"lifecycle observer {broken!r} failed"]
+
+
+def test_a_stream_side_completion_has_the_status_endpoint_and_times_from_the_start():
+    seen = []
+    lc = Lifecycle(worker=0, feedback=False, boot="a", observers=[lambda st, o: seen.append(st.completion)])
+    st = _open(lc, response_status=201, served="10.0.0.1:80", first_byte=5.0)
+    st.started = 4.0
+    lc.stream_ended(st, "end")
+    (c,) = seen
+    assert (c.status, c.upstream, c.first_upstream_byte, c.source, c.flags, c.cluster) == \
+        (201, "10.0.0.1:80", 1.0, "stream", frozenset(), None)
+    assert c.duration is not None and c.duration > 0
+    st2 = _open(lc, first_byte=5.0)  # no status seen
+    st2.started = 5.0
+    lc.stream_ended(st2, "end")
+    assert seen[1].status == 0 and seen[1].first_upstream_byte == 0.0
+    st3 = _open(lc)  # no response message seen: no stream completion
+    lc.stream_ended(st3, "end")
+    assert seen[2] is None
+
+
+@pytest.mark.parametrize("kw, completion, expected", [
+    ({}, Completion(504), Outcome.TIMEOUT),
+    ({}, Completion(200, flags=frozenset({"stream_idle_timeout"})), Outcome.TIMEOUT),
+    ({}, Completion(399, flags=frozenset({"local_reset"})), Outcome.TRUNCATED),
+    ({}, Completion(400, flags=frozenset({"local_reset"})), Outcome.BACKEND_ERROR),
+    ({}, Completion(1, flags=frozenset({"upstream_overflow"})), Outcome.TRUNCATED),
+    ({}, Completion(0), Outcome.CANCELLED),  # an entry without a status: nothing was sent
+    ({"reply_status": 503}, Completion(0), Outcome.BACKEND_ERROR),
+    ({"observed": Outcome.REJECTED}, Completion(500), Outcome.REJECTED),
+    ({"observed": Outcome.TRUNCATED}, Completion(200, flags=frozenset({"downstream_remote_reset"})), Outcome.CANCELLED),
+    ({"stream_end": "end"}, None, Outcome.CANCELLED),
+    ({"stream_end": "end", "complete": True}, None, Outcome.OK),
+    ({"stream_end": "cancelled", "reply_status": 200}, None, Outcome.OK),
+    ({"stream_end": "error", "complete": True}, None, Outcome.BACKEND_ERROR),
+    ({"stream_end": "error", "response_status": 200}, None, Outcome.OK),
+    ({"stream_end": "end", "complete": True, "response_status": 504}, None, Outcome.TIMEOUT),
+    ({"response_status": 500}, None, Outcome.BACKEND_ERROR),
+    ({"response_status": 499}, None, Outcome.REJECTED),
+    ({"response_status": 400}, None, Outcome.REJECTED),
+    ({"response_status": 399}, None, Outcome.OK),
+    ({"reply_status": 404, "response_status": 200}, None, Outcome.REJECTED),
+])
+def test_outcome_derivation_boundaries(kw, completion, expected):
+    assert derive_outcome(_state(**kw), completion) is expected

@@ -204,3 +204,26 @@ def test_parse_kserve():
     assert (r.api, r.model, r.tenant, r.body) == ("kserve.v2", "m", "acme", None)
     r = parse_kserve("/inference.GRPCInferenceService/ModelInfer", {"inputs": []})
     assert r.api == "kserve.v2" and r.model is None and r.body == {"inputs": []}
+
+
+# --- survivors of mutation testing (issue 9): exact values where the suite only checked kinds -------
+
+
+def test_prompt_text_counts_a_content_part_without_text_as_empty():
+    r = InferenceRequest(api="openai.chat", messages=({"content": [{"type": "image_url"}, {"type": "text", "text": "hi"}]},))
+    assert r.prompt_text() == "\nhi"
+
+
+def test_parse_json_body_empty_message_is_exact():
+    r = parse_json_body(b" ")
+    assert r.message == "request body is empty; this route expects a JSON document"
+
+
+@pytest.mark.parametrize("path, model", [
+    ("/v2/models/m?trace=1", "m"),  # the query ends the model name
+    ("/v2/models/m?a=1?b=2", "m"),  # at the first `?`
+    ("/v2/models/X", "X"),  # only slashes are stripped from the ends
+    ("X/v2/models/m/X", None),
+])
+def test_kserve_model_query_and_edges(path, model):
+    assert kserve_model(path) == model

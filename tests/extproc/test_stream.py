@@ -151,3 +151,119 @@ async def test_response_status_and_first_byte_come_from_the_response_headers():
     state, outcome = states[0]
     assert state.response_status == 503 and state.first_byte is not None and state.first_byte >= state.started
     assert outcome is Outcome.BACKEND_ERROR
+
+
+# --- RequestObserver: every series one request's end writes (issue 9, mutation survivors) -----------
+
+from backends.base import Usage  # noqa: E402
+from extproc.config.loader import load_text  # noqa: E402
+from extproc.lifecycle import Completion  # noqa: E402
+from extproc.request import InferenceRequest  # noqa: E402
+from extproc.stream import RequestObserver  # noqa: E402
+from extproc.types import RequestState  # noqa: E402
+
+TENANTS = (RECORDED / "config.yaml").read_text().replace("  backends:", """\
+  tenants:
+    - {id: acme}
+    - {id: beta}
+    - {id: gamma}
+  backends:""", 1)
+
+
+def observed(*cases):
+    """Feed (state fields, outcome) cases to a fresh RequestObserver; the parsed registry."""
+    registry = CollectorRegistry()
+    obs = RequestObserver(ProcessorMetrics(registry))
+    snap = load_text(TENANTS)
+    for kw, outcome in cases:
+        route = kw.pop("route", "v1-analyze")
+        obs(RequestState(snapshot=snap, route=snap.routes[route] if route else None, started=0.0, **kw), outcome)
+    obs.pending.flush()
+    return collect(registry)
+
+
+def test_an_unknown_route_counts_only_the_request_whatever_else_the_state_has():
+    s = observed(({"route": None, "tenant": "acme", "backend": "fake", "usage": Usage(3, 5, 2),
+                   "completion": Completion(200, first_upstream_byte=0.1)}, Outcome.REJECTED))
+    assert s.series("adapter_processor_requests_total") == {(("outcome", "rejected"), ("route", "unknown")): 1.0}
+    for name in ("adapter_processor_admission_total", "adapter_processor_tokens_total",
+                 "adapter_processor_batch_size_count", "adapter_processor_upstream_first_byte_seconds_count"):
+        assert s.series(name) == {}, name
+
+
+def test_admission_results_per_configured_tenant():
+    s = observed(({"tenant": "acme"}, Outcome.OK),
+                 ({"tenant": "acme", "reply_code": "tenant_over_quota"}, Outcome.REJECTED),
+                 ({"tenant": "beta", "quota_stale": True}, Outcome.OK),
+                 ({"tenant": "gamma", "quota_stale": True, "reply_code": "tenant_over_quota"}, Outcome.REJECTED),
+                 ({"tenant": "gamma", "reply_code": "no_capacity"}, Outcome.REJECTED),
+                 ({"tenant": "stranger"}, Outcome.OK), ({}, Outcome.OK))
+    assert s.series("adapter_processor_admission_total") == {
+        (("result", "admitted"), ("tenant", "acme")): 1.0, (("result", "rejected"), ("tenant", "acme")): 1.0,
+        (("result", "stale"), ("tenant", "beta")): 1.0, (("result", "rejected"), ("tenant", "gamma")): 1.0,
+        (("result", "admitted"), ("tenant", "gamma")): 1.0}
+    assert s.series("adapter_processor_requests_total") == {
+        (("outcome", "ok"), ("route", "v1-analyze")): 4.0, (("outcome", "rejected"), ("route", "v1-analyze")): 3.0}
+
+
+def test_the_backends_first_byte_is_observed_only_with_a_time_and_a_backend():
+    s = observed(({"backend": "fake", "completion": Completion(200, first_upstream_byte=0.004)}, Outcome.OK),
+                 ({"backend": "fake", "completion": Completion(200, first_upstream_byte=0.0)}, Outcome.OK),
+                 ({"backend": "fake", "completion": Completion(200)}, Outcome.OK),
+                 ({"completion": Completion(200, first_upstream_byte=0.5)}, Outcome.OK),
+                 ({"backend": "fake"}, Outcome.OK))
+    first = {"route": "v1-analyze", "backend": "fake"}
+    assert s.series("adapter_processor_upstream_first_byte_seconds_count") == {tuple(sorted(first.items())): 2.0}
+    assert s.value("adapter_processor_upstream_first_byte_seconds_sum", **first) == 0.004
+
+
+def test_tokens_and_batch_size_carry_route_backend_model_and_tenant():
+    chat = InferenceRequest(api="openai.chat", model="qwen2.5-finance")
+    s = observed(({"backend": "fake", "tenant": "acme", "request": chat, "usage": Usage(3, 5, 4)}, Outcome.OK),
+                 ({"usage": Usage(7, 0, 0), "tenant": "stranger"}, Outcome.OK),  # no backend, no request
+                 ({"usage": Usage(0, 2, 0), "request": InferenceRequest(api="openai.chat", model="made-up")}, Outcome.OK),
+                 ({"usage": Usage(-1, -1, -1), "backend": "fake"}, Outcome.OK),
+                 ({"usage": Usage(1, 0, 0), "route": "adapter-health"}, Outcome.OK),  # a route without a model
+                 ({"usage": Usage(0, 0, 2), "backend": "fake", "request": InferenceRequest(api="document")},
+                  Outcome.OK))
+    lab = ("backend", "model", "route", "tenant", "type")
+    assert s.series("adapter_processor_tokens_total") == {tuple(zip(lab, k)): v for k, v in {
+        ("fake", "qwen2.5-finance", "v1-analyze", "acme", "prompt"): 3.0,
+        ("fake", "qwen2.5-finance", "v1-analyze", "acme", "completion"): 5.0,
+        ("none", "qwen2.5-finance", "v1-analyze", "none", "prompt"): 7.0,
+        ("none", "other", "v1-analyze", "none", "completion"): 2.0,
+        ("none", "unknown", "adapter-health", "none", "prompt"): 1.0}.items()}
+    b = {"route": "v1-analyze", "backend": "fake", "model": "qwen2.5-finance"}
+    assert s.series("adapter_processor_batch_size_count") == {tuple(sorted(b.items())): 2.0}
+    assert s.value("adapter_processor_batch_size_sum", **b) == 6.0
+    assert s.value("adapter_processor_batch_size_bucket", le="2.0", **b) == 1.0
+    assert s.value("adapter_processor_batch_size_bucket", le="4.0", **b) == 2.0
+
+
+def test_children_are_the_metrics_own_per_metric_and_labels():
+    m = ProcessorMetrics(CollectorRegistry())
+    obs = RequestObserver(m)
+    assert obs.child(m.requests, "r", "ok") is m.requests.labels("r", "ok")
+    assert obs.child(m.errors, "r", "ok") is m.errors.labels("r", "ok")  # same labels, another metric
+    assert obs.child(m.config_mismatch) is m.config_mismatch
+
+
+def test_config_ref_keeps_each_recent_snapshot_under_its_digest_oldest_dropped_first(write_config):
+    from extproc.stream import KEEP_SNAPSHOTS
+
+    base = (RECORDED / "config.yaml").read_text()
+    snaps = [load_file(write_config(base.replace("name: exp", f"name: exp{i}")), generation=i + 1)
+             for i in range(KEEP_SNAPSHOTS + 1)]
+    ref = ConfigRef(snaps[0])
+    seen = []
+    ref.listeners.append(lambda s: seen.append((s.generation, ref.current.generation)))
+    for s in snaps[1:]:
+        ref.swap(s)
+    assert seen == [(i + 1, i) for i in range(1, KEEP_SNAPSHOTS + 1)]  # told before the swap
+    assert ref.current is snaps[-1]
+    assert ref.digests == tuple(s.digest for s in reversed(snaps[1:]))
+    for s in snaps[1:]:
+        assert ref.resolve(s.digest) is s
+    assert ref.resolve(snaps[0].digest) is None and ref.resolve("") is snaps[-1] and ref.resolve(None) is snaps[-1]
+    ref.swap(snaps[2])  # a digest swapped in again becomes the newest, nothing is dropped
+    assert ref.digests[0] == snaps[2].digest and len(ref.digests) == KEEP_SNAPSHOTS
