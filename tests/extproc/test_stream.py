@@ -267,3 +267,296 @@ def test_config_ref_keeps_each_recent_snapshot_under_its_digest_oldest_dropped_f
     assert ref.resolve(snaps[0].digest) is None and ref.resolve("") is snaps[-1] and ref.resolve(None) is snaps[-1]
     ref.swap(snaps[2])  # a digest swapped in again becomes the newest, nothing is dropped
     assert ref.digests[0] == snaps[2].digest and len(ref.digests) == KEEP_SNAPSHOTS
+
+
+# --- Process: what each message does to the state, the replies and the series (issue 9) ---------------
+
+import asyncio  # noqa: E402
+import dataclasses  # noqa: E402
+import logging  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+
+from extproc.pipeline import Pipeline  # noqa: E402
+from extproc.runtime import Runtime  # noqa: E402
+from extproc.types import HttpMessage, Mutate, Phase  # noqa: E402
+
+
+class _NoMetadata:
+    def invocation_metadata(self):
+        return None
+
+
+def adapter_md(reply) -> dict:
+    fields = reply.dynamic_metadata.fields
+    if "adapter" not in fields:
+        return {}
+    return {k: (v.string_value or v.bool_value) for k, v in fields["adapter"].struct_value.fields.items()}
+
+
+def feedback_service(config=RECORDED / "config.yaml", feedback=True):
+    registry = CollectorRegistry()
+    runtime = Runtime(feedback=feedback)
+    svc = ExtProcService(ConfigRef(config if not hasattr(config, "suffix") else load_file(config)),
+                         ProcessorMetrics(registry), runtime=runtime)
+    states = []
+    runtime.lifecycle.observers.append(lambda state, outcome: states.append((state, outcome)))
+    return svc, registry, states
+
+
+def body_message(body: bytes, end: bool = True):
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    r = pb.ProcessingRequest()
+    r.request_body.body, r.request_body.end_of_stream = body, end
+    return r
+
+
+async def test_a_context_without_metadata_is_an_unknown_route():
+    svc, _, states = service()
+    replies = [r async for r in svc.Process(_aiter(recorded(PASSTHROUGH)), _NoMetadata())]
+    err = orjson.loads(replies[0].immediate_response.body)["error"]
+    assert err["code"] == "unknown_route" and err["request_id"] == ""
+    assert states[0][0].request_id == "" and states[0][1] is Outcome.REJECTED
+
+
+async def _aiter(items):
+    for i in items:
+        yield i
+
+
+async def test_the_unknown_route_and_mismatch_messages_are_exact():
+    svc, registry, states = service()
+    gen, digest = svc.config.current.generation, svc.config.current.digest
+    replies = await run(svc, [("x-adapter-route", "nope")], recorded(PASSTHROUGH))
+    assert orjson.loads(replies[0].immediate_response.body)["error"]["message"] == (
+        f"processor has no route 'nope' in config generation {gen}; "
+        "re-render the Envoy config from the same AdapterGateway file")
+    replies = await run(svc, [("x-adapter-route", "v1-analyze"), ("x-adapter-config-digest", "feed")], recorded(LLM))
+    err = orjson.loads(replies[0].immediate_response.body)["error"]
+    assert err == {"status": 503, "code": "config_mismatch", "message": (
+        f"Envoy's route 'v1-analyze' comes from config digest feed; this processor worker runs generation {gen} "
+        f"(digest {digest}) and knows {digest}: Envoy and the processor were given different AdapterGateway "
+        "configs (reload both from the same file)"), "envoy_digest": "feed", "processor_digest": digest,
+        "route": "v1-analyze", "request_id": ""}
+    (state, outcome), = states[1:]
+    assert state.route is None and outcome is Outcome.REJECTED
+    assert (state.reply_status, state.reply_code, state.complete) == (503, "config_mismatch", True)
+    s = collect(registry, [svc])
+    assert s.series("adapter_processor_errors_total") == {
+        (("reason", "unknown_route"), ("route", "unknown")): 1.0,
+        (("reason", "config_mismatch"), ("route", "v1-analyze")): 1.0}
+
+
+async def test_a_mismatch_on_an_unknown_route_is_a_mismatch():
+    svc, _, _ = service()
+    replies = await run(svc, [("x-adapter-route", "nope"), ("x-adapter-config-digest", "feed")], recorded(PASSTHROUGH))
+    err = orjson.loads(replies[0].immediate_response.body)["error"]
+    assert err["code"] == "config_mismatch" and err["route"] == "unknown"
+
+
+async def test_the_state_gets_the_runtime_a_start_time_and_no_empty_tenant():
+    svc, _, states = service()
+    before = time.monotonic()
+    await run(svc, [("x-adapter-route", "v1-chat-completions"), ("x-adapter-tenant", "")], recorded(PASSTHROUGH))
+    state, _ = states[0]
+    assert state.runtime is svc.runtime and before <= state.started <= time.monotonic()
+    assert state.tenant is None and state.stream_end == "end"
+
+
+async def test_the_stream_gauge_counts_the_open_stream_and_every_message_is_timed():
+    seen = []
+    svc, registry, states = service()
+    svc.recorder = lambda route, rid, req: seen.append(collect(registry).value("adapter_processor_streams_active"))
+    await run(svc, [("x-adapter-route", "v1-analyze")], recorded(LLM))
+    assert seen == [1.0] * 4
+    s = collect(registry, [svc])
+    assert s.value("adapter_processor_streams_active") == 0
+    phases = sum(s.value("adapter_processor_phase_duration_seconds_sum", route="v1-analyze", phase=p)
+                 for p in ("request_headers", "request_body", "response_headers", "response_body"))
+    assert s.value("adapter_processor_request_duration_seconds_sum", route="v1-analyze") == pytest.approx(phases, rel=1e-9)
+
+
+async def test_the_first_response_message_gives_first_byte_status_and_served_endpoint_once():
+    svc, _, states = feedback_service(feedback=False)
+    seq = recorded(LLM)
+    seq[2].attributes["envoy.filters.http.ext_proc"].update({"response.code": 200, "upstream.address": "10.0.0.9:80"})
+    seq[3].attributes["envoy.filters.http.ext_proc"].update({"response.code": 500, "upstream.address": "10.0.0.8:80"})
+    firsts = []
+    lc = svc.runtime.lifecycle
+
+    def rec(route, rid, req):
+        (st,) = lc._open.values()
+        firsts.append(st.first_byte)
+
+    svc.recorder = rec
+    await run(svc, [("x-adapter-route", "v1-analyze")], seq)
+    state, outcome = states[0]
+    assert firsts[:3] == [None, None, None] and firsts[3] is not None and state.first_byte == firsts[3]
+    assert (state.response_status, state.served, outcome) == (200, "10.0.0.9:80", Outcome.OK)
+
+
+async def test_attributes_without_a_code_or_address_leave_status_from_headers_and_no_endpoint():
+    svc, _, states = feedback_service(feedback=False)
+    seq = recorded(LLM)
+    seq[2].attributes["envoy.filters.http.ext_proc"].update({"upstream.address": ""})
+    await run(svc, [("x-adapter-route", "v1-analyze")], seq)
+    state, _ = states[0]
+    assert state.response_status == 200 and state.served is None and state.first_byte is not None
+
+
+async def test_the_response_code_attribute_is_the_status_when_response_headers_are_skipped(write_config):
+    svc, _, states = feedback_service(feedback=False)
+    seq = recorded(LLM)
+    del seq[2].response_headers.headers.headers[:]  # a headers message without headers: status from the attribute
+    seq[2].attributes["envoy.filters.http.ext_proc"].update({"response.code": 201})
+    await run(svc, [("x-adapter-route", "v1-analyze")], seq)
+    assert states[0][0].response_status == 201
+
+
+async def test_only_the_last_phases_final_chunk_completes_the_request():
+    svc, _, states = feedback_service(feedback=False)
+    seq = recorded(LLM)
+    seq[3].response_body.end_of_stream = False
+    await run(svc, [("x-adapter-route", "v1-analyze")], seq)
+    state, outcome = states[0]
+    assert state.complete is False and outcome is Outcome.CANCELLED  # the stream closed before the end
+    svc, _, states = feedback_service(feedback=False)
+    await run(svc, [("x-adapter-route", "v1-analyze")], recorded(LLM))
+    assert states[0][0].complete is True and states[0][1] is Outcome.OK
+    svc, _, states = feedback_service(feedback=False)
+    await run(svc, [("x-adapter-route", "v1-analyze")], recorded(LLM)[:2])  # no response seen
+    assert states[0][0].complete is False and states[0][1] is Outcome.CANCELLED
+
+
+async def test_a_backend_answer_the_route_cannot_map_is_a_backend_error_not_a_rejection():
+    svc, registry, states = feedback_service(feedback=False)
+    seq = recorded(LLM)
+    seq[3].response_body.body = b"not json"
+    replies = await run(svc, [("x-adapter-route", "v1-analyze")], seq)
+    ir = replies[3].immediate_response
+    state, outcome = states[0]
+    assert ir.status.code == state.reply_status and state.reply_status >= 500
+    assert state.observed is None and outcome is Outcome.BACKEND_ERROR
+    assert collect(registry, [svc]).series("adapter_processor_errors_total") == {
+        (("reason", state.reply_code), ("route", "v1-analyze")): 1.0}
+
+
+async def test_a_rejection_mid_stream_ends_it_and_no_later_message_is_read():
+    svc, _, states = feedback_service(feedback=False)
+    seq = recorded("v1-analyze-rec-llm-malformed.txtpb") + recorded(LLM)[2:]
+    read = []
+    svc.recorder = lambda route, rid, req: read.append(req.WhichOneof("request"))
+    replies = await run(svc, [("x-adapter-route", "v1-analyze")], seq)
+    assert read == ["request_headers", "request_body"] and len(replies) == 2
+    assert replies[1].immediate_response.status.code == 400
+    state, outcome = states[0]
+    assert (state.observed, outcome, state.reply_code, state.complete) == (
+        Outcome.REJECTED, Outcome.REJECTED, "malformed_json", True)
+
+
+def _with_route(svc_config, name, pipeline):
+    snap = load_file(svc_config)
+    base = snap.routes["v1-chat-completions"]
+    routes = {**snap.routes, name: dataclasses.replace(base, name=name, pipeline=pipeline)}
+    return dataclasses.replace(snap, routes=routes)
+
+
+class _Boom:
+    name = "boom"
+
+    def on_request_headers(self, st, msg):
+        raise RuntimeError("stage bug")
+
+
+class _Skip:
+    name = "skip"
+
+    def on_request_headers(self, st, msg):
+        return None
+
+    def on_response_headers(self, st, msg):
+        return Mutate(skip_body=True)
+
+    def on_response_body(self, st, msg):
+        return None
+
+
+async def test_a_stage_error_before_the_backend_is_a_backend_error_counted_by_its_code():
+    svc, registry, states = feedback_service(_with_route(RECORDED / "config.yaml", "boom", Pipeline([_Boom()])))
+    replies = await run(svc, [("x-adapter-route", "boom")], recorded(PASSTHROUGH))
+    assert replies[0].immediate_response.status.code == 500
+    assert adapter_md(replies[0]) == {"processor_reply": True}  # no feedback token on an answered request
+    state, outcome = states[0]
+    assert state.observed is None and outcome is Outcome.BACKEND_ERROR and state.reply_code == "stage_error"
+    assert collect(registry, [svc]).series("adapter_processor_errors_total") == {
+        (("reason", "stage_error"), ("route", "boom")): 1.0}
+
+
+async def test_a_skipped_response_body_completes_at_the_response_headers():
+    svc, _, states = feedback_service(_with_route(RECORDED / "config.yaml", "skip", Pipeline([_Skip()])), feedback=False)
+    replies = await run(svc, [("x-adapter-route", "skip")], recorded(LLM)[:1] + recorded(LLM)[2:3])
+    assert replies[1].mode_override.response_body_mode == 0 and replies[1].HasField("mode_override")
+    state, outcome = states[0]
+    assert state.complete is True and outcome is Outcome.OK
+
+
+async def test_the_feedback_token_goes_on_the_first_reply_only_of_a_headers_only_route():
+    svc, _, states = feedback_service()
+    seq = recorded(PASSTHROUGH) + [body_message(b"{}")]
+    replies = await run(svc, [("x-adapter-route", "v1-chat-completions")], seq)
+    token = svc.runtime.lifecycle.boot + "-1"
+    assert [adapter_md(r) for r in replies] == [{"worker": "0", "token": token}, {}]
+    assert list(svc.runtime.lifecycle._open) == [token]  # waiting for Envoy's entry
+
+
+async def test_no_feedback_token_when_the_worker_or_the_route_does_not_ask_for_one():
+    for svc, route, seq in ((feedback_service(feedback=False)[0], "v1-chat-completions", recorded(PASSTHROUGH)),
+                            (feedback_service()[0], "v1-analyze", recorded(LLM))):
+        replies = await run(svc, [("x-adapter-route", route)], seq)
+        assert all("worker" not in adapter_md(r) for r in replies), route
+        assert svc.runtime.lifecycle.open_count == 0
+
+
+async def test_a_rejected_headers_only_request_gets_no_feedback_token():
+    svc, _, states = feedback_service(load_text(TENANTS))
+    replies = await run(svc, [("x-adapter-route", "v1-chat-completions"), ("x-adapter-tenant", "stranger")],
+                        recorded(PASSTHROUGH))
+    assert replies[0].HasField("immediate_response") and adapter_md(replies[0]) == {"processor_reply": True}
+    assert states[0][1] is Outcome.REJECTED and svc.runtime.lifecycle.open_count == 0
+
+
+async def test_a_cancelled_stream_ends_cancelled_and_a_broken_one_in_error(caplog):
+    svc, registry, states = feedback_service(feedback=False)
+    gate = asyncio.Event()
+
+    async def held():
+        for r in recorded(LLM)[:2]:
+            yield r
+        await gate.wait()
+
+    async def consume(source):
+        return [r async for r in svc.Process(source, _Context(("x-adapter-route", "v1-analyze")))]
+
+    task = asyncio.create_task(consume(held()))
+    while svc.runtime.lifecycle.open_count == 0 or collect(registry).value("adapter_processor_phase_duration_seconds_count", 0.0, route="v1-analyze", phase="request_body") == 0:
+        svc.flush_metrics()
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert states[0][0].stream_end == "cancelled" and states[0][1] is Outcome.CANCELLED
+
+    async def broken():
+        yield recorded(LLM)[0]
+        raise RuntimeError("transport broke")
+
+    caplog.set_level(logging.ERROR, logger="extproc.stream")
+    with pytest.raises(RuntimeError, match="transport broke"):
+        await consume(broken())
+    assert states[1][0].stream_end == "error" and states[1][1] is Outcome.BACKEND_ERROR
+    assert [r.getMessage() for r in caplog.records] == ["stream for route v1-analyze failed"]
+    s = collect(registry, [svc])
+    assert s.value("adapter_processor_streams_active") == 0
+    assert s.value("adapter_processor_request_duration_seconds_count", route="v1-analyze") == 2
