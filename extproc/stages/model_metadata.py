@@ -82,7 +82,7 @@ class ModelMetadata:
             status, meta = await http_get_json(host, port, f"/v2/models/{route.model}", self.timeout)
         except (OSError, TimeoutError, ValueError, IndexError) as e:
             if key not in warned:
-                warned[key] = True
+                warned[key] = True  # pragma: no mutate (only the key's presence is read)
                 log.warning("cannot fetch metadata of model %s from %s (%s); encoding without it", route.model,
                             backend.name, e)
             return None

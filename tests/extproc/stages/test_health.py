@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import selectors
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 import orjson
 import pytest
 
 from extproc.config.loader import load_text
 from extproc.probe import probe_endpoint
+from extproc.runtime import Runtime
 from extproc.stack import free_port, stop_process, wait_http
 from extproc.stages.health import Health
-from extproc.types import HttpMessage, Phase, Reject, RequestState
+from extproc.types import HttpMessage, Phase, Reject, RequestState, Respond
 
 # A hypercorn server speaks HTTP/1.1 and h2c; python's http.server speaks only HTTP/1.1.
 HYPERCORN_APP = """
@@ -205,3 +208,72 @@ spec:
     events = list(silent_servers.events)
     assert sorted(events[:len(ports)]) == [("accept", i) for i in range(len(ports))], events
     assert sorted(events[len(ports):]) == [("closed", i) for i in range(len(ports))], events
+
+
+def exact_body(v, snap, probe: str, status: str = "ok", **extra) -> dict:
+    """The body as documented, with pid, config identity and uptime (checked apart) filled in."""
+    doc = orjson.loads(v.body)
+    processor = {"status": "serving", "pid": os.getpid(), "config": snap.name, "generation": snap.generation,
+                 "digest": snap.digest, "uptime_s": doc["processor"]["uptime_s"]}
+    assert doc == {"status": status, "probe": probe, "processor": processor, **extra}
+    return doc
+
+
+def uptime_within(uptime: float, started: float, before: float, after: float) -> bool:
+    """uptime_s is `now - started` rounded to 0.1 s, `now` taken between `before` and `after`."""
+    tenths = uptime * 10
+    return abs(tenths - round(tenths)) < 1e-6 and before - started - 0.05 <= uptime <= after - started + 0.05
+
+
+async def test_the_processor_probe_reports_the_worker_from_the_runtimes_start(h2_server):
+    snap = health_snapshot(h2_server, free_port())
+    runtime = Runtime()
+    runtime.started = time.time() - 1000.04  # the worker has run longer than this stage instance
+    stage = Health(timeout=1.0)
+    stage.started = time.time() - 5.0
+    st = RequestState(snapshot=snap, route=snap.routes["adapter-health"], started=0.0, runtime=runtime)
+    before = time.time()
+    v = await stage.on_request_headers(st, HttpMessage(Phase.REQUEST_HEADERS,
+                                                       headers={":path": "/health/adapter?probe=processor&x=1"}))
+    after = time.time()
+    assert isinstance(v, Respond) and (v.status, v.reason, v.headers) == (200, "health_ok", ())
+    doc = exact_body(v, snap, "processor")
+    assert uptime_within(doc["processor"]["uptime_s"], runtime.started, before, after)
+
+
+async def test_without_a_runtime_uptime_counts_from_the_stage():
+    snap = health_snapshot(free_port(), free_port())
+    stage = Health(timeout=1.0)
+    stage.started = time.time() - 42.04
+    st = RequestState(snapshot=snap, route=snap.routes["adapter-health"], started=0.0)
+    before = time.time()
+    v = await stage.on_request_headers(st, HttpMessage(Phase.REQUEST_HEADERS, headers={":path": "/health/adapter?probe=processor"}))
+    after = time.time()
+    assert uptime_within(exact_body(v, snap, "processor")["processor"]["uptime_s"], stage.started, before, after)
+
+
+async def test_backends_down_are_a_503_degraded_naming_each():
+    snap = health_snapshot(free_port(), free_port())  # nothing listens: both refuse at once
+    st = RequestState(snapshot=snap, route=snap.routes["adapter-health"], started=0.0)
+    v = await Health(timeout=1.0).on_request_headers(st, HttpMessage(Phase.REQUEST_HEADERS, headers={}))
+    assert isinstance(v, Respond) and (v.status, v.reason) == (503, "health_failed")
+    doc = orjson.loads(v.body)
+    assert set(doc["backends"]) == {"up", "down"} and all(b["status"] != "ok" for b in doc["backends"].values())
+    exact_body(v, snap, "protocol-negotiation", status="degraded", backends=doc["backends"],
+               failed=["backend up", "backend down"])
+
+
+async def test_all_backends_up_is_a_200_with_each_backend(h2_server):
+    snap = health_snapshot(h2_server, h2_server)
+    v = await run_health(snap, "/health/adapter?probe=protocol-negotiation")
+    assert isinstance(v, Respond) and (v.status, v.reason) == (200, "health_ok")
+    doc = orjson.loads(v.body)
+    assert [b["status"] for b in doc["backends"].values()] == ["ok", "ok"]
+    exact_body(v, snap, "protocol-negotiation", backends=doc["backends"])
+
+
+async def test_an_unknown_probe_is_a_400_listing_the_known_ones():
+    snap = health_snapshot(free_port(), free_port())
+    v = await run_health(snap, "/health/adapter?probe=everything")
+    assert isinstance(v, Reject) and (v.status, v.code) == (400, "unknown_probe")
+    assert v.message == "unknown probe 'everything'; known: protocol-negotiation, processor"

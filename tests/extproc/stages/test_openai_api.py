@@ -61,7 +61,7 @@ def resp(data: bytes, end: bool = False) -> HttpMessage:
 # --- GET /models ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/", "/v1/models?limit=5"])
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/models/", "/v1/models?limit=5", "/v1/models?a=1?b=2"])
 def test_get_models_is_answered_with_every_served_model_and_its_backend(snap, path):
     st = new_state(snap)
     before = int(time.time())
@@ -84,7 +84,8 @@ def test_get_models_without_a_method_header_is_a_get(snap):
 
 
 @pytest.mark.parametrize("path, method", [("/v1/models", "POST"), ("/v1/chat/completions", "GET"),
-                                          ("/v1/models/m1/x", "GET"), ("/v1/chat/completions", "POST")])
+                                          ("/v1/models/m1/x", "GET"), ("/v1/chat/completions", "POST"),
+                                          ("/v1/modelsX", "GET")])
 def test_other_requests_go_on_with_their_path_remembered(snap, path, method):
     st = new_state(snap)
     assert OpenAIParse().on_request_headers(st, headers(path, method)) is None
@@ -298,6 +299,15 @@ def test_events_split_across_chunks_are_counted_once_complete(snap):
     assert st.usage == Usage(5, 2) and st.attrs["pending"] == b""
 
 
+def test_an_event_arriving_in_pieces_without_a_separator_is_kept_until_complete(snap):
+    st, stage = answered(snap), OpenAIUsage()
+    assert stage.on_response_body(st, resp(USAGE[:10])) is CONTINUE
+    assert stage.on_response_body(st, resp(USAGE[10:30])) is CONTINUE
+    assert st.attrs["pending"] == USAGE[:30] and st.usage is None
+    assert stage.on_response_body(st, resp(USAGE[30:])) is CONTINUE
+    assert st.usage == Usage(5, 2) and st.attrs["pending"] == b""
+
+
 def test_events_that_are_not_usage_data_are_left_alone(snap):
     st = answered(snap, strip_usage=True)
     odd = (b': comment "usage"\n\n'  # not a data event
@@ -307,6 +317,12 @@ def test_events_that_are_not_usage_data_are_left_alone(snap):
            b'data: {"usage": 0, "choices": []}\n\n')
     assert OpenAIUsage().on_response_body(st, resp(DELTA + odd)) is CONTINUE
     assert st.usage is None
+    # ... and do not stop the usage event after them from being counted and removed
+    for before in (b": keepalive\n\n", b'data: {"usage": \n\n', DELTA):
+        later, stage = answered(snap, strip_usage=True), OpenAIUsage()
+        assert stage.on_response_body(later, resp(DELTA)) is CONTINUE
+        v = stage.on_response_body(later, resp(before + USAGE))
+        assert isinstance(v, Mutate) and v.body == before and later.usage == Usage(5, 2)
 
 
 def test_a_usage_event_not_at_a_line_start_is_not_parsed(snap):

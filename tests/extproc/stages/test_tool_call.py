@@ -48,6 +48,7 @@ def test_refusals_before_any_call(route):
     assert isinstance(big, Reject) and big.status == 413
     bad = call(b'{"name": ')
     assert isinstance(bad, Reject) and (bad.status, bad.code) == (400, "malformed_json")
+    assert bad.message.startswith("request body is not valid JSON: ") and bad.fields == {}
     unknown = call(orjson.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                                  "params": {"name": "noSuchTool", "arguments": {}}}))
     assert isinstance(unknown, Reject) and (unknown.status, unknown.code) == (404, "unknown_tool")
