@@ -45,6 +45,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required, found " + sys.version'
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,ort,sim]'
+	$(VENV)/bin/python -m extproc.intent.train
 	touch $@
 
 envoy: $(ENVOY)
