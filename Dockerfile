@@ -7,6 +7,7 @@ COPY backends ./backends
 COPY canary ./canary
 COPY ebpf ./ebpf
 COPY examples ./examples
-RUN pip install --no-cache-dir '.[ort,sim]'
+RUN pip install --no-cache-dir '.[ort,sim]' \
+    && python -m extproc.intent.train  # the task-intent classifier, built from the shipped set (docs/intent.md)
 EXPOSE 50051 50052 9902
 CMD ["adapterctl", "serve", "/etc/adapter/gateway.yaml"]
