@@ -376,3 +376,70 @@ def test_the_route_pipeline_runs_parse_then_dispatch_on_the_body(snap):
     assert isinstance(v, Mutate) and st.backend == "beta"
     assert orjson.loads(v.body) == {"model": "m2", "stream": True, "stream_options": {"include_usage": True}}
     assert dict(v.set_headers)["content-length"] == str(len(v.body))
+
+
+# --- through the servicer, in process -------------------------------------------------------------
+
+
+def _headers_msg(field: str, pairs: dict[str, str], end: bool = False):
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    hm = base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()])
+    return pb.ProcessingRequest(**{field: pb.HttpHeaders(headers=hm, end_of_stream=end)})
+
+
+def _body_msg(field: str, data: bytes, end: bool):
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+    return pb.ProcessingRequest(**{field: pb.HttpBody(body=data, end_of_stream=end)})
+
+
+class _Md:
+    def __init__(self, key, value):
+        self.key, self.value = key, value
+
+
+class _Context:
+    def __init__(self, *pairs):
+        self.md = [_Md(k, v) for k, v in pairs]
+
+    def invocation_metadata(self):
+        return self.md
+
+
+async def test_a_stream_through_the_servicer_counts_tokens_and_hides_the_usage_it_asked_for():
+    from prometheus_client import CollectorRegistry
+
+    from extproc.metrics import ProcessorMetrics
+    from extproc.stream import ConfigRef, ExtProcService
+    from tests.promtext import collect
+
+    registry = CollectorRegistry()
+    svc = ExtProcService(ConfigRef(load_text(CONFIG, "oai.yaml")), ProcessorMetrics(registry))
+    sequence = [
+        _headers_msg("request_headers", {":path": "/v1/chat/completions", ":method": "POST",
+                                         "content-type": "application/json"}),
+        _body_msg("request_body", b'{"model": "m2", "stream": true, "messages": []}', True),
+        _headers_msg("response_headers", {":status": "200", "content-type": "text/event-stream"}),
+        _body_msg("response_body", DELTA, False),
+        _body_msg("response_body", USAGE + DONE, True),
+    ]
+
+    async def source():
+        for r in sequence:
+            yield r
+
+    replies = [r async for r in svc.Process(source(), _Context(("x-adapter-route", "api"), ("x-request-id", "rid"),
+                                                                 ("x-adapter-tenant", "acme")))]
+    assert [r.WhichOneof("response") for r in replies] == [
+        "request_headers", "request_body", "response_headers", "response_body", "response_body"]
+    sent = orjson.loads(replies[1].request_body.response.body_mutation.body)
+    assert sent == {"model": "m2", "stream": True, "messages": [], "stream_options": {"include_usage": True}}
+    assert not replies[3].response_body.response.HasField("body_mutation")  # passed as it came
+    assert replies[4].response_body.response.body_mutation.body == DONE  # our usage event removed
+    samples = collect(registry, [svc])
+    # acme is not a configured tenant (tenancy is off): the label is "none", never the client's value
+    labels = dict(route="api", backend="beta", model="m2", tenant="none")
+    assert samples.value("adapter_processor_tokens_total", type="prompt", **labels) == 5
+    assert samples.value("adapter_processor_tokens_total", type="completion", **labels) == 2
