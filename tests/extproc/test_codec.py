@@ -203,3 +203,10 @@ def test_a_respond_reply_is_exactly_this():
         }
         dynamic_metadata { fields { key: "adapter" value { struct_value {
           fields { key: "processor_reply" value { bool_value: true } } } } } }""")
+
+
+def test_trailers_keep_their_attributes():
+    req = pb.ProcessingRequest()
+    req.response_trailers.trailers.headers.add(key="grpc-status", raw_value=b"0")
+    req.attributes["envoy.filters.http.ext_proc"].update({"response.code": 200})
+    assert codec.decode(req).attributes == {"response.code": 200.0}

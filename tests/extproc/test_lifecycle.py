@@ -11,6 +11,7 @@ observer fire exactly once per request.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -479,3 +480,63 @@ def test_a_stream_side_completion_has_the_status_endpoint_and_times_from_the_sta
 ])
 def test_outcome_derivation_boundaries(kw, completion, expected):
     assert derive_outcome(_state(**kw), completion) is expected
+
+
+def test_a_504_with_an_upstream_failure_flag_is_a_timeout():
+    assert derive_outcome(_state(), Completion(504, flags=frozenset({"upstream_remote_reset"}))) is Outcome.TIMEOUT
+
+
+def test_defaults_worker_0_no_feedback_and_the_pid_in_hex_as_boot():
+    import os
+
+    lc = Lifecycle()
+    assert (lc.worker, lc.feedback, lc.boot) == ("0", False, f"0.{os.getpid():x}")
+    st = _open(lc)
+    assert st.token == f"0.{os.getpid():x}-1"
+
+
+def test_a_second_stream_end_while_waiting_for_envoy_changes_nothing():
+    from extproc.lifecycle import FEEDBACK_GRACE
+
+    lc = Lifecycle(worker=0, feedback=True, boot="a")
+    st = _open(lc)
+    lc.metadata(st)
+    lc.stream_ended(st, "end", now=10.0)
+    assert lc._waiting == {st.token: 10.0 + FEEDBACK_GRACE}  # no route: no route timeout
+    lc.stream_ended(st, "cancelled", now=50.0)
+    assert st.stream_end == "end" and lc._waiting == {st.token: 10.0 + FEEDBACK_GRACE}
+
+
+def test_the_route_pipelines_hooks_get_the_state_and_the_outcome():
+    import dataclasses
+
+    from extproc.pipeline import Pipeline
+
+    calls = []
+
+    class Hooks:
+        name = "hooks"
+
+        def on_start(self, st):
+            calls.append(("start", st.token))
+
+        def on_done(self, st, outcome):
+            calls.append(("done", st.token, outcome))
+
+    snap = load_file(RECORDED / "config.yaml")
+    route = dataclasses.replace(snap.routes["v1-analyze"], pipeline=Pipeline([Hooks()]))
+    lc = Lifecycle(worker=0, feedback=False, boot="a")
+    st = RequestState(snapshot=snap, route=route, started=0.0, reply_status=429)
+    lc.start(st)
+    lc.stream_ended(st, "end")
+    assert calls == [("start", "0.a-1"), ("done", "0.a-1", Outcome.REJECTED)]
+
+
+def test_a_stream_side_duration_is_the_time_since_the_start():
+    seen = []
+    lc = Lifecycle(worker=0, feedback=False, boot="a", observers=[lambda st, o: seen.append(st.completion)])
+    started = time.monotonic()
+    st = _open(lc, first_byte=started)
+    st.started = started
+    lc.stream_ended(st, "end")
+    assert 0 <= seen[0].duration <= time.monotonic() - started
