@@ -220,7 +220,8 @@ def exact_body(v, snap, probe: str, status: str = "ok", **extra) -> dict:
 
 
 def uptime_within(uptime: float, started: float, before: float, after: float) -> bool:
-    """uptime_s is `now - started` rounded to 0.1 s, `now` taken between `before` and `after`."""
+    """uptime_s is `now - started` rounded to 0.1 s, `now` taken between `before` and `after` (with `started`
+    0.34 s past a whole second, a rounding to whole seconds or to 0.01 s fails one of the two checks)."""
     tenths = uptime * 10
     return abs(tenths - round(tenths)) < 1e-6 and before - started - 0.05 <= uptime <= after - started + 0.05
 
@@ -228,7 +229,7 @@ def uptime_within(uptime: float, started: float, before: float, after: float) ->
 async def test_the_processor_probe_reports_the_worker_from_the_runtimes_start(h2_server):
     snap = health_snapshot(h2_server, free_port())
     runtime = Runtime()
-    runtime.started = time.time() - 1000.04  # the worker has run longer than this stage instance
+    runtime.started = time.time() - 1000.34  # the worker has run longer than this stage instance
     stage = Health(timeout=1.0)
     stage.started = time.time() - 5.0
     st = RequestState(snapshot=snap, route=snap.routes["adapter-health"], started=0.0, runtime=runtime)
@@ -244,7 +245,7 @@ async def test_the_processor_probe_reports_the_worker_from_the_runtimes_start(h2
 async def test_without_a_runtime_uptime_counts_from_the_stage():
     snap = health_snapshot(free_port(), free_port())
     stage = Health(timeout=1.0)
-    stage.started = time.time() - 42.04
+    stage.started = time.time() - 42.34
     st = RequestState(snapshot=snap, route=snap.routes["adapter-health"], started=0.0)
     before = time.time()
     v = await stage.on_request_headers(st, HttpMessage(Phase.REQUEST_HEADERS, headers={":path": "/health/adapter?probe=processor"}))
@@ -277,3 +278,9 @@ async def test_an_unknown_probe_is_a_400_listing_the_known_ones():
     v = await run_health(snap, "/health/adapter?probe=everything")
     assert isinstance(v, Reject) and (v.status, v.code) == (400, "unknown_probe")
     assert v.message == "unknown probe 'everything'; known: protocol-negotiation, processor"
+
+
+def test_the_compiled_health_route_probes_with_half_a_second():
+    snap = health_snapshot(free_port(), free_port())
+    (stage,) = snap.routes["adapter-health"].pipeline.stages
+    assert isinstance(stage, Health) and stage.timeout == 0.5  # under Envoy's message timeout
