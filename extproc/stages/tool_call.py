@@ -61,8 +61,8 @@ class ToolCall:
                                               "body": orjson.loads(req.body) if req.body else None})
         body = req.body or b""
         headers = [(":method", req.method), (":path", req.target), *req.headers, ("content-length", str(len(body)))]
-        if req.body is not None and not any(k == "content-type" for k, _ in req.headers):  # pragma: no mutate (build_request sets content-type with each body)
-            headers.append(("content-type", "application/json"))  # pragma: no mutate (unreachable today, see above)
+        if req.body is not None and not any(k == "content-type" for k, _ in req.headers):
+            headers.append(("content-type", "application/json"))  # pragma: no mutate (unreachable: build_request sets content-type with each body)
         return Mutate(set_headers=tuple(headers), body=body)
 
     def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
