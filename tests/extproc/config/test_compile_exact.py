@@ -1,0 +1,237 @@
+"""compile_snapshot, exactly: every issue of a file with many faults (path, line and message, in the
+order found, each fault reported and the next route still checked), and every value a valid file
+compiles into (defaults, implicit backends, model and health-path choices, the built-in health
+route, derived output schemas). Written for issue 9's mutation testing: substring checks on one
+fault at a time let altered messages, paths and `continue`s through."""
+
+from __future__ import annotations
+
+import pytest
+
+from extproc.config.compile import derive_output_schema, model_name, route_name_from_path
+from extproc.config.loader import ConfigError, load_text
+from extproc.template import compile_template
+
+MANY_FAULTS = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: many}
+spec:
+  modelRef: m1
+  listener: {port: 18080}
+  admin: {port: 18080}
+  processor: {basePort: 15051, adminPort: 15052, workers: 2}
+  tenancy: {source: jwt, header: x-tenant, jwt: {issuer: "https://issuer", audiences: [a], jwks: "{\\"keys\\": []}", claim: tenant}}
+  tenants: [{id: acme}, {id: beta}, {id: acme}, {id: beta}]
+  backends:
+    - {name: llm, endpoints: ["127.0.0.1:9000", "127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:9001"]}
+    - {name: ort, kind: onnxruntime, protocol: http, endpoints: ["127.0.0.1:9002"]}
+    - {name: svc, kind: rest, endpoints: ["127.0.0.1:9003"]}
+    - {name: llm, endpoints: ["127.0.0.1:9004"]}
+    - {name: ort, endpoints: ["127.0.0.1:9005"]}
+  routes:
+    - {path: /ok, target: llm}
+    - {path: /dup-name, name: ok, target: llm}
+    - {path: /h, name: adapter-health, target: llm}
+    - {path: /ok, name: other, target: llm}
+    - {path: /health/adapter, name: h2, target: llm}
+    - {path: /ok, match: prefix, name: okp, target: llm}
+    - {path: /both, target: llm, targets: [llm]}
+    - {path: /nowhere, target: nowhere}
+    - {path: /tmpl, kind: passthrough, target: llm, request: '{"a": 1}'}
+    - {path: /api, kind: openai, targets: [ort, svc]}
+    - {path: /api2, kind: kserve, target: llm}
+    - {path: /oa, target: llm, openapi: x.yaml}
+    - {path: /map, target: llm, mapping: m.yaml}
+    - {path: /two, targets: [llm, llm]}
+    - {path: /pre/, match: prefix, kind: llm, target: llm}
+    - {path: /tensor, kind: tensor, target: ort}
+    - {path: /schema, target: llm, transform: '{"x": $.output.x}', outputSchema: {type: array}}
+    - {path: /jwt, target: llm, policy: {tenantHeader: x-tenant}}
+    - {path: /jwt2, target: llm, policy: {tenantHeader: x-tenant}}
+    - {path: /tool, kind: tool, target: svc}
+    - {path: /last, target: "10.0.0.1:80"}
+    - {path: /last2, target: "10.0.0.1:80"}
+    - {path: /clash, target: "svc:81"}
+"""
+
+JWT_HEADER = ("x-tenant is set by Envoy from the JWT claim (clients' copies are removed); a route can only trust "
+              "another header")
+MANY_ISSUES = [
+    (12, "spec.backends[0].endpoints[1]", "duplicate endpoint '127.0.0.1:9000'"),
+    (12, "spec.backends[0].endpoints[3]", "duplicate endpoint '127.0.0.1:9001'"),
+    (15, "spec.backends[3].name", "duplicate backend name 'llm'"),
+    (16, "spec.backends[4].name", "duplicate backend name 'ort'"),
+    (19, "spec.routes[1].name", "duplicate route name 'ok' (set a distinct `name`)"),
+    (20, "spec.routes[2].name", "duplicate route name 'adapter-health' (set a distinct `name`)"),
+    (21, "spec.routes[3].path", "path '/ok' is already used by routes[0]"),
+    (22, "spec.routes[4].path", "path '/health/adapter' is already used by the built-in health route"),
+    (24, "spec.routes[6].targets", "set target or targets, not both"),
+    (25, "spec.routes[7].target", "'nowhere' is neither a declared backend (llm, ort, svc) nor host:port"),
+    (26, "spec.routes[8].kind", "a passthrough route forwards bodies as they are: request, transform and outputSchema "
+                                "need kind: llm or tensor"),
+    (27, "spec.routes[9].kind", "a openai route needs openai backends; ort, svc speak another API (see backends[].kind)"),
+    (28, "spec.routes[10].kind", "a kserve route needs kserve backends; llm speaks another API (see backends[].kind)"),
+    (29, "spec.routes[11].openapi", "only tool routes read an OpenAPI document"),
+    (30, "spec.routes[12].mapping", "only rest routes apply a field-mapping file"),
+    (31, "spec.routes[13].targets", "a passthrough route has one target"),
+    (32, "spec.routes[14].match", "a llm route maps one endpoint: use match: exact"),
+    (34, "spec.routes[16].outputSchema", "must be a JSON Schema of type object"),
+    (37, "spec.routes[19].openapi", "a tool route needs `openapi`: the service's OpenAPI document"),
+    (40, "spec.routes[22].target", "target 'svc:81' would define implicit backend 'svc', which already exists with "
+                                   "other endpoints; refer to the backend by name instead"),
+    (10, "spec.tenants[2].id", "duplicate tenant id 'acme'"),
+    (10, "spec.tenants[3].id", "duplicate tenant id 'beta'"),
+    (35, "spec.routes[17].policy.tenantHeader", JWT_HEADER),
+    (36, "spec.routes[18].policy.tenantHeader", JWT_HEADER),
+    (7, "spec.admin.port", "port 18080 is also used by spec.listener.port"),
+    (8, "spec.processor.basePort", "port 15052 is also used by spec.processor.adminPort"),
+]
+
+
+def issues(text: str) -> list[tuple[int, str, str]]:
+    with pytest.raises(ConfigError) as e:
+        load_text(text, "many.yaml")
+    out = []
+    for i in e.value.issues:
+        file, _, line = i.where.rpartition(":")
+        assert file == "many.yaml", i.where
+        out.append((int(line), i.path, i.reason))
+    return out
+
+
+def test_every_fault_of_a_file_is_reported_exactly_in_order():
+    assert issues(MANY_FAULTS) == MANY_ISSUES
+
+
+HEAD = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: one}
+spec:
+"""
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("  backends: [{name: ort, kind: onnxruntime, endpoints: ['127.0.0.1:9']}]\n"
+     "  routes: [{path: /t, kind: tensor, target: ort}, {path: /u, kind: tensor, target: ort}]\n",
+     [(6, "spec.routes[0].model", "an tensor route needs a model: set route.model, spec.modelRef or the backend's models"),
+      (6, "spec.routes[1].model", "an tensor route needs a model: set route.model, spec.modelRef or the backend's models")]),
+    ("  backends: [{name: a, endpoints: ['127.0.0.1:9']}, {name: b, endpoints: ['127.0.0.1:8']}]\n"
+     "  routes: [{path: /x}, {path: /y, target: nowhere}]\n",
+     [(6, "spec.routes[0].target", "required when spec.backends does not declare exactly one backend"),
+      (6, "spec.routes[1].target", "'nowhere' is neither a declared backend (a, b) nor host:port")]),
+    ("  routes: [{path: /x, target: nowhere}]\n",
+     [(5, "spec.routes[0].target", "'nowhere' is neither a declared backend (none declared) nor host:port")]),
+    ("  routes: [{path: /x, targets: [a, 'b:1']}]\n",
+     [(5, "spec.routes[0].targets[0]", "'a' is neither a declared backend (none declared) nor host:port")]),
+    ("  tenancy: {jwt: {issuer: i, jwks: '{}'}}\n  routes: [{path: /x, target: '127.0.0.1:1'}]\n",
+     [(5, "spec.tenancy.jwt", "source: jwt needs a jwt block, and a jwt block needs source: jwt")]),
+    ("  listener: {port: 15052}\n  processor: {basePort: 15051, workers: 3, adminPort: 15051}\n"
+     "  routes: [{path: /x, target: '127.0.0.1:1'}]\n",
+     # one issue per entry: 15052 (also the listener's) is not reported a second time
+     [(6, "spec.processor.basePort", "port 15051 is also used by spec.processor.adminPort")]),
+])
+def test_more_faults_exactly(spec, expected):
+    assert issues(HEAD + spec) == expected
+
+
+GOOD = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: good}
+spec:
+  modelRef: "qwen@registry.internal"
+  protocol: grpc
+  processor: {workers: 1}
+  tenants: [{id: acme}]
+  backends:
+    - {name: llm, endpoints: ["127.0.0.1:9000"], models: [qwen, other], timeout: 7s}
+    - {name: tri, kind: triton, endpoints: ["127.0.0.1:9001"], models: [fraud]}
+    - {name: trih, kind: triton, protocol: http, endpoints: ["127.0.0.1:9002"], healthPath: /ready}
+    - {name: trih2, kind: triton, protocol: http, endpoints: ["127.0.0.1:9003"]}
+  routes:
+    - {path: /V1/Chat--Now/, target: llm, transform: '{"a": $.output.a}'}
+    - {path: /v1/, match: prefix, kind: openai, targets: [llm, llm], policy: {maxBodyBytes: 2048, timeout: 3s, failureMode: open, tenantHeader: x-t}}
+    - {path: /v2, match: prefix, kind: kserve, targets: [tri, trih]}
+    - {path: /imp, target: "Host.Example:8080", policy: {timeout: 9s}}
+    - {path: /imp2, name: imp-again, target: "Host.Example:8080"}
+    - {path: /m, target: tri, kind: tensor, request: '{"x": $.x}', transform: '{"p": $.output.p}'}
+    - {path: /own, target: llm, model: mine, transform: '{"a": $.output.a}'}
+"""
+OBJECT_A = {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False}
+
+
+def test_a_valid_file_compiles_into_exactly_these_backends_and_routes():
+    s = load_text(GOOD, "good.yaml", generation=5)
+    assert (s.generation, s.source, s.model_ref) == (5, "good.yaml", "qwen@registry.internal")
+    assert [t.id for t in s.tenants] == ["acme"] and s.processor.workers == 1
+    assert {n: (b.kind, b.protocol, b.endpoints, b.models, b.health_path, b.timeout, b.implicit, type(b.adapter).__name__)
+            for n, b in s.backends.items()} == {
+        "llm": ("openai", "grpc", (("127.0.0.1", 9000),), ("qwen", "other"), "/health", 7.0, False, "OpenAIAdapter"),
+        "tri": ("triton", "grpc", (("127.0.0.1", 9001),), ("fraud",), "/inference.GRPCInferenceService/ServerReady",
+                60.0, False, "TritonAdapter"),
+        "trih": ("triton", "http", (("127.0.0.1", 9002),), (), "/ready", 60.0, False, "TritonAdapter"),
+        "trih2": ("triton", "http", (("127.0.0.1", 9003),), (), "/v2/health/ready", 60.0, False, "TritonAdapter"),
+        # a host:port target: an implicit openai backend named after the host, the route's timeout, spec.protocol
+        "host-example": ("openai", "grpc", (("Host.Example", 8080),), (), "/health", 9.0, True, "OpenAIAdapter"),
+    }
+    routes = {n: (r.path, r.kind, r.backend and r.backend.name, r.model, r.max_body_bytes, r.timeout, r.failure_mode,
+                  r.match, r.tenant_header, tuple(b.name for b in r.backends), r.dialect, r.response_schema,
+                  r.request is not None, r.transform is not None) for n, r in s.routes.items()}
+    assert routes == {
+        "v1-chat-now": ("/V1/Chat--Now/", "llm", "llm", "qwen", 1048576, 60.0, "closed", "exact", None, ("llm",),
+                        "adapter", OBJECT_A, False, True),
+        "v1": ("/v1/", "openai", "llm", "qwen", 2048, 3.0, "open", "prefix", "x-t", ("llm",), "openai", None, False, False),
+        "v2": ("/v2", "kserve", "tri", "qwen", 1048576, 60.0, "closed", "prefix", None, ("tri", "trih"), "kserve", None,
+               False, False),
+        "imp": ("/imp", "passthrough", "host-example", "qwen", 1048576, 9.0, "closed", "exact", None, ("host-example",),
+                "adapter", None, False, False),
+        "imp-again": ("/imp2", "passthrough", "host-example", "qwen", 1048576, 60.0, "closed", "exact", None,
+                      ("host-example",), "adapter", None, False, False),
+        "m": ("/m", "tensor", "tri", "qwen", 1048576, 60.0, "closed", "exact", None, ("tri",), "adapter",
+              {"type": "object", "properties": {"p": {}}, "required": ["p"], "additionalProperties": False}, True, True),
+        "own": ("/own", "llm", "llm", "mine", 1048576, 60.0, "closed", "exact", None, ("llm",), "adapter", OBJECT_A,
+                False, True),
+        "adapter-health": ("/health/adapter", "health", None, None, 4096, 5.0, "closed", "exact", None, (), "adapter",
+                           None, False, False),
+    }
+    assert s.routes["imp"].backend is s.routes["imp-again"].backend is s.backends["host-example"]
+    assert all(r.pipeline is not None for r in s.routes.values())
+    assert [st.name for st in s.routes["adapter-health"].pipeline.stages] == ["health"]
+
+
+def test_without_a_model_ref_the_backends_first_model_is_the_default():
+    s = load_text(HEAD + "  backends: [{name: llm, endpoints: ['127.0.0.1:9'], models: [first, second]}]\n"
+                  "  routes: [{path: /a, transform: '{\"a\": $.output.a}'}, {path: /b}]\n")
+    assert (s.routes["a"].model, s.routes["b"].model, s.routes["a"].backend.name) == ("first", "first", "llm")
+    s = load_text(HEAD + "  backends: [{name: llm, endpoints: ['127.0.0.1:9']}]\n  routes: [{path: /b}]\n")
+    assert s.routes["b"].model is None and s.model_ref is None
+
+
+@pytest.mark.parametrize("ref, name", [("qwen@registry.internal", "qwen"), ("a@b@c", "a"), ("plain", "plain"),
+                                       ("@registry", None), ("", None), (None, None)])
+def test_model_name(ref, name):
+    assert model_name(ref) == name
+
+
+@pytest.mark.parametrize("path, name", [
+    ("/v1/chat/completions", "v1-chat-completions"), ("/V1/Chat--Now/", "v1-chat-now"), ("/", "root"),
+    ("/a_b.c", "a-b-c"), ("/" + "x" * 62 + "/y", "x" * 62), ("/" + "x" * 70, "x" * 63), ("/--/", "root"),
+])
+def test_route_name_from_path(path, name):
+    assert route_name_from_path(path) == name
+
+
+def test_derived_output_schema_nests_objects_and_arrays_required_unless_defaulted():
+    t = compile_template('{"a": $.output.user.name, "b": $.output.user.tags[0], "c": $.output.items[*].id,'
+                         ' "d": $.output.opt ?? 1, "e": $.input.q, "f": $.output.user.name, "g": $.output}')
+    assert derive_output_schema(t) == {
+        "type": "object", "additionalProperties": False, "required": ["user", "items"],
+        "properties": {
+            "user": {"type": "object", "additionalProperties": False, "required": ["name", "tags"],
+                     "properties": {"name": {}, "tags": {"type": "array", "items": {}}}},
+            "items": {"type": "array", "items": {"type": "object", "additionalProperties": False, "required": ["id"],
+                                                 "properties": {"id": {}}}},
+            "opt": {}}}
+    assert derive_output_schema(compile_template('{"e": $.input.q, "g": $.output}')) is None
