@@ -20,7 +20,15 @@ the service's `RequestObserver`, buffered) and the worker's start time. Stages r
 | plugin instances (filters, scorers, pickers) | `Runtime._plugins` | worker lifetime, reconfigured on reload | no |
 | scheduling profiles | `Runtime._profiles` | worker lifetime, rebound on reload | no |
 | caches (model metadata, tenant snapshot reader) | `Runtime.cache(name)` | worker lifetime | no |
+| engine metrics per endpoint (queue, KV, LoRA; age) | `Runtime.signals` (`extproc/scheduling/signals.py`, a `MetricsScraper`) | worker lifetime; endpoints re-chosen on every install | no: each worker scrapes on its own |
 
+Engine signals: `signals` is the worker's one scraper. `install` sets its endpoints to
+`scrape_targets(snapshot)` (the endpoints of routes whose profile uses a plugin that consumes
+`engine_metrics`; none for other configs); `start_signals()` starts it inside the worker's running
+loop (`extproc/server.serve`, next to the sweeper; its `inflight` reader is this runtime's
+gateway-wide table, so an endpoint with requests in flight is scraped at the busy interval) and
+`await stop_signals()` stops it on shutdown. An install after the start updates the running
+scraper (kept endpoints keep their samples); one before it only records the endpoints.
 Why: a prefix index, EWMA latencies, SLO windows or concurrency limits rebuilt on every config
 push would be wiped by it, and requests in flight across a reload would release their counters
 into orphaned objects (mitmproxy's addons keep their state across `configure`).
@@ -36,6 +44,7 @@ from typing import Any, Callable, Iterable
 from extproc.config.snapshot import ProfileRef
 from extproc.datalayer.inflight import InflightTable
 from extproc.lifecycle import Lifecycle
+from extproc.scheduling.signals import EngineSignals, scrape_targets
 from extproc.stages.dispatch import release
 
 log = logging.getLogger(__name__)
@@ -54,6 +63,9 @@ class Runtime:
         self.metrics_sink: Any = None  # extproc.stream.RequestObserver (.metrics, .pending, .child), set by the service
         self._caches: dict[str, Any] = {}
         self.installed: Any = None  # the snapshot installed last
+        self.signals = EngineSignals(inflight=self.inflight.get)  # engine metrics per endpoint (scraped)
+        self.scrape_targets: dict[str, tuple[str, str]] = {}  # what install chose for `signals`
+        self._signals_started = False
 
     def cache(self, name: str) -> dict:
         """A dict that lives as long as the worker (stages keep what a reload must not lose here)."""
@@ -96,6 +108,27 @@ class Runtime:
             else:
                 prof.configure(prof.ref, pref)
         self.installed = snapshot
+        self.scrape_targets = scrape_targets(snapshot)
+        if self._signals_started:
+            self._apply_targets()
+
+    # --- engine signals ----------------------------------------------------------------------------
+
+    def start_signals(self) -> None:
+        """Start scraping the installed snapshot's targets (call inside the worker's running loop);
+        with no target the scraper starts with the first install that has some."""
+        self._signals_started = True
+        self._apply_targets()
+
+    def _apply_targets(self) -> None:
+        if self.signals.running:
+            self.signals.update(self.scrape_targets)
+        elif self.scrape_targets:
+            self.signals.start(self.scrape_targets)
+
+    async def stop_signals(self) -> None:
+        self._signals_started = False
+        await self.signals.stop()
 
     def _build(self, ref: Any) -> Any:
         from extproc.scheduling import plugin_types

@@ -101,6 +101,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     service = ExtProcService(config, metrics, _recorder(settings.record_dir, settings.index), runtime=runtime)
     add_feedback_service(AccessLogFeedback(runtime.lifecycle, metrics), server)  # Envoy's loggers report here
     sweeper = asyncio.get_running_loop().create_task(_sweep(runtime, service))
+    runtime.start_signals()  # engine metrics of the endpoints engine-signal plugins decide over (if any)
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
@@ -134,6 +135,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         await asyncio.sleep(drain)
         await server.stop(max(settings.shutdown_grace - drain, 0.0))
         sweeper.cancel()
+        await runtime.stop_signals()
         runtime.lifecycle.close()  # requests still open or waiting for Envoy's entry end here
         service.flush_metrics()
         log.info("worker %d stopped", settings.index)

@@ -246,7 +246,7 @@ def _standalone(ref: PluginRef) -> bool:
 
 def _compile_profiles(specs: Any, plugins: dict[str, PluginRef], issue: Any) -> tuple[dict[str, ProfileRef], set]:
     """`spec.schedulingProfiles`: filters (in order) -> scorers (weight > 0, default 1) -> one picker,
-    last (default max-score-picker); names shared with plugins are refused (routes use both).
+    listed anywhere (default max-score-picker); names shared with plugins are refused (routes use both).
     Returns the profiles and the names of refused ones (routes naming those add no second error)."""
     out: dict[str, ProfileRef] = {}
     refused: set[str] = set()
@@ -265,7 +265,6 @@ def _compile_profiles(specs: Any, plugins: dict[str, PluginRef], issue: Any) -> 
         picker: PluginRef | None = None
         seen: set[str] = set()
         ok = True
-        last = len(prof.plugins) - 1
         for j, entry in enumerate(prof.plugins):
             where = base + ("plugins", j)
             ref = plugins.get(entry.plugin_ref)
@@ -296,12 +295,7 @@ def _compile_profiles(specs: Any, plugins: dict[str, PluginRef], issue: Any) -> 
                 issue(where + ("pluginRef",), f"profile already has picker {picker.name!r}; a profile has one picker")
                 ok = False
             else:
-                picker = ref
-                later = any(getattr(plugins.get(e.plugin_ref), "slot", None) == "picker" for e in prof.plugins[j + 1:])
-                if j != last and not later:  # (a second picker is reported as such)
-                    issue(where + ("pluginRef",), f"picker {ref.name!r} must come last, after the profile's filters "
-                          "and scorers")
-                    ok = False
+                picker = ref  # anywhere in the list (GIE accepts it anywhere; llm-d's samples list it first)
         if ok:
             out[prof.name] = ProfileRef(prof.name, tuple(filters), tuple(scorers), picker or _default_picker(plugins),
                                         explain=prof.explain)

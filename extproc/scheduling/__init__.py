@@ -13,6 +13,11 @@ Slots (the llm-d / Gateway API Inference Extension endpoint-picker shape):
   scorer's output to [0, 1] (min-max over the candidates, or only a clamp for a class with
   `bounded = True`), multiplies it by the scorer's weight and sums;
 - `picker`: `pick(ctx, scored) -> (pick, fallback, ...)` from the summed scores.
+Optional on any filter or scorer: `picked(ctx, endpoint)`, called by the profile after the
+picker with the chosen endpoint (a learned index records where the request went: GIE's
+PreRequest); `consumes` (class attribute, e.g. `("engine_metrics",)`): the signals it reads, so
+the runtime scrapes engine metrics only for configs with a plugin that needs them
+(`extproc/scheduling/signals.py`; read as `ctx.runtime.signals`).
 A scheduling profile (`spec.schedulingProfiles`, `extproc/scheduling/profile.py`) runs filters
 -> scorers -> one picker. A route names one profile, or one picker: a *standalone* picker
 (`standalone = True`: `least-in-flight`, `pinned-endpoint`, which order endpoints themselves with
@@ -37,7 +42,7 @@ Cost: per plugin, its own docstring says; the framework's own cost is in profile
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Iterable, Mapping, Protocol, runtime_checkable
 
@@ -58,6 +63,7 @@ class Plugin:
 
     standalone: ClassVar[bool] = False  # a picker that orders endpoints itself: pick(state, backend, endpoints)
     bounded: ClassVar[bool] = False  # a scorer whose raw scores are already in [0, 1]: only clamped
+    consumes: ClassVar[tuple[str, ...]] = ()  # signals read ("engine_metrics": the runtime scrapes for it)
 
     def __init__(self, name: str, params: Any, runtime: Any):
         self.name = name
@@ -82,6 +88,7 @@ class SchedulingContext:
     runtime: Any  # extproc.runtime.Runtime (in-flight table, caches)
     labels: Mapping[str, Mapping[str, str]]
     profile: str
+    cycle: dict = field(default_factory=dict)  # per-decision scratch a plugin passes from score() to picked()
 
 
 class NoCapacity(Exception):
@@ -135,16 +142,23 @@ class Picker(Protocol):
 
 
 def plugin_types() -> Mapping[str, type]:
+    from extproc.scheduling.health_filter import HealthFilter
     from extproc.scheduling.in_flight_scorer import InFlightScorer
+    from extproc.scheduling.kv_cache_utilization_scorer import KVCacheUtilizationScorer
     from extproc.scheduling.label_filter import LabelFilter
     from extproc.scheduling.least_in_flight import LeastInFlight
+    from extproc.scheduling.lora_affinity_scorer import LoraAffinityScorer
     from extproc.scheduling.max_score_picker import MaxScorePicker
     from extproc.scheduling.pinned_endpoint import PinnedEndpoint
+    from extproc.scheduling.prefix_cache_scorer import PrefixCacheScorer
+    from extproc.scheduling.queue_scorer import QueueScorer
     from extproc.scheduling.random_picker import RandomPicker
+    from extproc.scheduling.saturation_filter import SaturationFilter
     from extproc.scheduling.weighted_random_picker import WeightedRandomPicker
 
     return MappingProxyType({cls.type: cls for cls in (
-        LabelFilter, InFlightScorer, MaxScorePicker, WeightedRandomPicker, RandomPicker, LeastInFlight,
+        LabelFilter, SaturationFilter, HealthFilter, InFlightScorer, QueueScorer, KVCacheUtilizationScorer,
+        PrefixCacheScorer, LoraAffinityScorer, MaxScorePicker, WeightedRandomPicker, RandomPicker, LeastInFlight,
         PinnedEndpoint)})
 
 

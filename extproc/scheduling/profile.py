@@ -16,7 +16,10 @@ instances the runtime keeps (their own state survives) and resets its once-per-r
    the candidates ((v - min) / (max - min); all equal -> 1.0 for every candidate that has a
    score); an endpoint the scorer left out, or a non-finite score, is 0. The total of an
    endpoint is sum(weight * normalised);
-4. the picker orders the candidates from the totals: the pick, then fallbacks.
+4. the picker orders the candidates from the totals: the pick, then fallbacks;
+5. every filter and scorer with a `picked(ctx, endpoint)` method is told the pick (in profile
+   order; a learned index such as prefix-cache-scorer's records it there; GIE's PreRequest). A
+   raising hook is logged and counted like its plugin's other failures; the pick stands.
 A filter or scorer that raises is skipped (a filter then keeps everyone, a scorer adds 0 for
 everyone), logged once per reload with its traceback and counted in
 `adapter_processor_scheduler_plugin_errors_total{profile,plugin,slot}`; a picker that raises
@@ -98,6 +101,9 @@ class SchedulingProfile:
         scorers = [(s.name, rt.plugin(s), float(w)) for s, w in ref.scorers]
         self.scorers = tuple((n, inst, w, bool(getattr(inst, "bounded", False))) for n, inst, w in scorers)
         self.picker = (ref.picker.name, rt.plugin(ref.picker))
+        self.hooks = tuple((n, slot, inst.picked) for slot, plugins in
+                           (("filter", self.filters), ("scorer", [(s[0], s[1]) for s in self.scorers]))
+                           for n, inst in plugins if callable(getattr(inst, "picked", None)))
         self._logged: set[tuple[str, str]] = set()
         self._children: dict[tuple[str, str], tuple[Any, Any]] | None = None  # metric children, bound lazily
         self._decision_child: Any = None
@@ -185,6 +191,12 @@ class SchedulingProfile:
                 pending.observe(children[("picker", name)][0], (perf_counter_ns() - t0) * 1e-9)
             if explain is not None:
                 explain.update(total=totals, pick=picks[0] if picks else None, fallbacks=list(picks[1:]))
+            if picks and self.hooks:
+                for name, slot, hook in self.hooks:
+                    try:
+                        hook(ctx, picks[0])
+                    except Exception:
+                        self._failed(name, slot, pending, children, "its picked() hook failed; the pick stands")
             return picks
         finally:
             if pending is not None:
@@ -194,14 +206,14 @@ class SchedulingProfile:
                 if decision_log.isEnabledFor(logging.INFO):
                     decision_log.info(orjson.dumps(explain).decode())
 
-    def _failed(self, plugin: str, slot: str, pending: Any, children: Any) -> None:
+    def _failed(self, plugin: str, slot: str, pending: Any, children: Any, what: str | None = None) -> None:
         if pending is not None:
             pending.inc(children[(slot, plugin)][1])
         key = (plugin, slot)
         if key not in self._logged:
             self._logged.add(key)
-            what = {"filter": "it keeps every candidate", "scorer": "it scores 0 for every candidate",
-                    "picker": "the filtered candidates go in their order"}[slot]
+            what = what or {"filter": "it keeps every candidate", "scorer": "it scores 0 for every candidate",
+                            "picker": "the filtered candidates go in their order"}[slot]
             log.exception("scheduling profile %r: %s %r failed; %s (logged once until the next reload)",
                           self.name, slot, plugin, what)
 

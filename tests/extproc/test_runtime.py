@@ -345,3 +345,143 @@ def test_the_service_gives_profiles_its_metrics_sink():
                                             "    - name: p\n      plugins: [{pluginRef: in-flight-scorer}]\n")),
                          ProcessorMetrics(CollectorRegistry()), runtime=rt)
     assert rt.metrics_sink is svc.observer
+
+
+# --- engine signals: the runtime's one scraper -------------------------------------------------------------
+
+SIGNALS = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: signals}
+spec:
+  backends:
+    - name: pool
+      kind: vllm
+      models: [m]
+      endpoints: [ENDPOINTS]
+    - {name: plain, endpoints: ["127.0.0.1:9101"], models: [other]}
+  plugins:
+PLUGINS
+  schedulingProfiles:
+    - name: p
+      plugins: [PROFILE]
+  routes:
+    - {path: /v1/, match: prefix, kind: openai, targets: [pool, plain], plugins: [p]}
+"""
+
+
+def signals_config(endpoints: str, plugins: str, profile: str, generation: int = 1):
+    text = (SIGNALS.replace("ENDPOINTS", endpoints).replace("PLUGINS\n", plugins).replace("PROFILE", profile))
+    return load_text(text, "rt.yaml", generation)
+
+
+QUEUE = ("    - {type: queue-scorer}\n", "{pluginRef: queue-scorer}")
+INFLIGHT = ("    - {type: in-flight-scorer}\n", "{pluginRef: in-flight-scorer}")
+
+
+def test_scrape_targets_are_the_engine_endpoints_of_routes_whose_profile_consumes_engine_metrics():
+    from extproc.scheduling.signals import scrape_targets
+
+    eps = '"127.0.0.1:9001", {address: "127.0.0.1:9002", metricsPath: /engine/metrics}, ' \
+          '{address: "127.0.0.1:9003", engine: openai}, {address: "127.0.0.1:9004", engine: sglang}'
+    snap = signals_config(eps, *QUEUE)
+    # the openai endpoint (no metric names known) and the `plain` backend (kind openai) are not scraped
+    assert scrape_targets(snap) == {"127.0.0.1:9001": ("http://127.0.0.1:9001/metrics", "vllm"),
+                                    "127.0.0.1:9002": ("http://127.0.0.1:9002/engine/metrics", "vllm"),
+                                    "127.0.0.1:9004": ("http://127.0.0.1:9004/metrics", "sglang")}
+    assert scrape_targets(signals_config(eps, *INFLIGHT)) == {}  # no plugin needs engine metrics: no scrape
+    rt = Runtime()
+    rt.install(snap)
+    assert set(rt.scrape_targets) == {"127.0.0.1:9001", "127.0.0.1:9002", "127.0.0.1:9004"}
+    assert not rt.signals.running  # recorded; started by the worker's loop only
+
+
+def test_every_engine_signal_plugin_declares_what_it_consumes():
+    from extproc.scheduling import plugin_types
+
+    consuming = {t for t, cls in plugin_types().items() if "engine_metrics" in getattr(cls, "consumes", ())}
+    assert consuming >= {"queue-scorer", "kv-cache-utilization-scorer", "saturation-filter", "health-filter",
+                         "lora-affinity-scorer"}
+    assert not consuming & {"in-flight-scorer", "prefix-cache-scorer", "label-filter", "max-score-picker"}
+
+
+async def test_the_runtime_scrapes_real_servers_and_its_profiles_decide_on_what_they_serve():
+    from tests.extproc.datalayer.test_scraper import BUSY_TEXT, IDLE_TEXT, MetricsServer, until
+    from tests.extproc.scheduling.conftest import build  # noqa: F401 - same builder shape as the plugin tests
+    from extproc.types import RequestState
+    from extproc.request import parse_openai
+
+    busy, idle = MetricsServer(BUSY_TEXT), MetricsServer(IDLE_TEXT)  # queue 3, queue 0
+    rt = Runtime()
+    try:
+        snap = signals_config(f'"{busy.endpoint}", "{idle.endpoint}"', *QUEUE)
+        rt.install(snap)
+        rt.start_signals()
+        assert rt.signals.running and set(rt.signals.endpoints()) == {busy.endpoint, idle.endpoint}
+        await until(lambda: rt.signals.sample(busy.endpoint) and rt.signals.sample(idle.endpoint), "samples")
+        assert (rt.signals.sample(busy.endpoint).queue, rt.signals.sample(idle.endpoint).queue) == (3, 0)
+        prof = rt.plugin(snap.routes["v1"].picker)
+        st = RequestState(snapshot=snap, route=snap.routes["v1"], started=0.0, request_id="r", runtime=rt)
+        st.request = parse_openai("/v1/chat/completions", {"model": "m", "messages": []})
+        backend = snap.backends["pool"]
+        assert {prof.pick(st, backend, backend.endpoint_ids)[0] for _ in range(20)} == {idle.endpoint}
+        # the scraper's in-flight reader is the runtime's gateway-wide table: a request there makes it busy
+        assert rt.signals.interval(idle.endpoint) == 2.0
+        rt.inflight.started(idle.endpoint)
+        assert rt.signals.interval(idle.endpoint) == 0.2
+        # a reload that keeps the endpoints keeps their samples; one with no engine-signal plugin scrapes nothing
+        kept = rt.signals.sample(busy.endpoint)
+        rt.install(signals_config(f'"{busy.endpoint}", "{idle.endpoint}"', *QUEUE, generation=2))
+        assert rt.signals.sample(busy.endpoint) is kept
+        rt.install(signals_config(f'"{busy.endpoint}", "{idle.endpoint}"', *INFLIGHT, generation=3))
+        assert rt.signals.endpoints() == ()
+        rt.install(signals_config(f'"{idle.endpoint}"', *QUEUE, generation=4))
+        assert rt.signals.endpoints() == (idle.endpoint,)
+    finally:
+        await rt.stop_signals()
+        busy.close()
+        idle.close()
+    assert not rt.signals.running
+
+
+async def test_a_runtime_started_with_nothing_to_scrape_starts_its_scraper_on_the_first_install_that_has_some():
+    from tests.extproc.datalayer.test_scraper import IDLE_TEXT, MetricsServer, until
+
+    server = MetricsServer(IDLE_TEXT)
+    rt = Runtime()
+    try:
+        rt.install(signals_config(f'"{server.endpoint}"', *INFLIGHT))
+        rt.start_signals()
+        assert not rt.signals.running and server.hits == 0
+        rt.install(signals_config(f'"{server.endpoint}"', *QUEUE, generation=2))
+        assert rt.signals.running
+        await until(lambda: server.hits > 0, "a scrape")
+    finally:
+        await rt.stop_signals()
+        server.close()
+
+
+async def test_the_worker_starts_the_scraper_in_its_loop_and_stops_it_on_shutdown(tmp_path):
+    import asyncio
+
+    from extproc.server import WorkerSettings, serve
+    from tests.extproc.datalayer.test_scraper import BUSY_TEXT, MetricsServer, until
+
+    server = MetricsServer(BUSY_TEXT)  # busy: scraped every 0.2 s
+    try:
+        text = SIGNALS.replace("ENDPOINTS", f'"{server.endpoint}"').replace("PLUGINS\n", QUEUE[0]).replace(
+            "PROFILE", QUEUE[1])
+        cfg = tmp_path / "gw.yaml"
+        cfg.write_text(text)
+        stop, ready = asyncio.Event(), asyncio.Event()
+        settings = WorkerSettings(str(cfg), "127.0.0.1", 0, drain_delay=0.0, shutdown_grace=0.5)
+        task = asyncio.create_task(serve(settings, stop, ready))
+        await asyncio.wait_for(ready.wait(), 30)
+        await until(lambda: server.hits >= 2, "scrapes while the worker serves")
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        hits = server.hits
+        await asyncio.sleep(0.6)  # three busy intervals: a scraper left running would scrape again
+        assert server.hits == hits
+    finally:
+        server.close()

@@ -142,10 +142,23 @@ def test_two_pickers():
                             "pluginRef: profile already has picker 'best'; a profile has one picker"]
 
 
-def test_a_picker_not_last():
-    text = config("    - name: p\n      plugins:\n        - {pluginRef: best}\n        - {pluginRef: a100}\n")
-    assert issues(text) == [f"cfg.yaml:{line(text, 'pluginRef: best')}: spec.schedulingProfiles[0].plugins[0]."
-                            "pluginRef: picker 'best' must come last, after the profile's filters and scorers"]
+def test_a_picker_may_come_anywhere_in_the_list():
+    # GIE accepts the picker anywhere; llm-d's sample configs list it before the scorers
+    first = load_text(config("    - name: p\n      plugins:\n        - {pluginRef: best}\n        - {pluginRef: a100}\n"
+                             "        - {pluginRef: in-flight-scorer, weight: 2}\n"))
+    middle = load_text(config("    - name: p\n      plugins:\n        - {pluginRef: a100}\n        - {pluginRef: best}\n"
+                              "        - {pluginRef: in-flight-scorer, weight: 2}\n"))
+    for snap in (first, middle):
+        prof = snap.profiles["p"]
+        assert prof.picker is snap.plugins["best"]
+        assert prof.filters == (snap.plugins["a100"],)
+        assert prof.scorers == ((snap.plugins["in-flight-scorer"], 2.0),)
+        assert prof.refs[-1] is snap.plugins["best"]  # it still runs last
+    # still exactly one, wherever the second one is
+    text = config("    - name: p\n      plugins:\n        - {pluginRef: best}\n        - {pluginRef: a100}\n"
+                  "        - {pluginRef: spread}\n")
+    assert issues(text) == [f"cfg.yaml:{line(text, 'pluginRef: spread')}: spec.schedulingProfiles[0].plugins[2]."
+                            "pluginRef: profile already has picker 'best'; a profile has one picker"]
 
 
 def test_a_standalone_picker_cannot_be_a_profiles_picker():

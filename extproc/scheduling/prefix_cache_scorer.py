@@ -1,0 +1,140 @@
+"""Scorer `prefix-cache-scorer`: endpoints that recently served the same prompt prefix score higher (approximate).
+
+What: the Gateway API Inference Extension's `prefix-cache-scorer` (pkg/epp/scheduling/framework/
+plugins/prefixcachescorer/plugin.go), learned from our own routing: the prompt
+(`ctx.request.prompt_text()`: a completion's `prompt`, or the text of the chat messages joined
+with newlines) is cut into blocks of `blockSize` characters (a last partial block is ignored, as
+GIE does; a prompt shorter than one block has no blocks and scores 0 everywhere), at most
+`maxPrefixBlocksToMatch` of them; each block gets a cumulative hash, so block i's hash names the
+whole prefix up to it. After the decision (`picked(ctx, endpoint)`, called by the profile: GIE's
+PreRequest) the picked endpoint's index records every block hash of the prompt. The index is one
+LRU per endpoint bounded by `lruCapacityPerServer` blocks: an endpoint's model server evicts its
+own cache in LRU order too, so old prefixes fade from both. Score: the share of the prompt's
+leading blocks that the endpoint's index holds.
+Hashes: blake2b (8-byte digests), never Python's salted `hash()`: h_0 = blake2b(model name),
+h_i = blake2b(block_i (UTF-8) || h_(i-1)). The model is in h_0 so two models never share a prefix.
+Block size: characters, not tokens (nothing is tokenised in the gateway). Default 64 characters,
+GIE's default ("vLLM default token block size is 16, and a good guess of average characters per
+token is 4"), i.e. about one vLLM KV block per index block.
+Leading match: blocks are inserted deepest first, so an endpoint's leading blocks of a prompt are
+always at least as recent as its later ones and the LRU evicts a prefix from its tail; the blocks
+an endpoint holds of a prompt are therefore always a leading run, found by binary search.
+Staleness and sharing: per worker. Each worker learns only from its own picks (with N workers
+each sees about 1/N of the traffic, so a prefix sent to endpoint A by worker 1 is unknown to
+worker 2 until worker 2 sends it somewhere itself); nothing is shared across workers yet, and
+the index does not know what the engine actually evicted (the `oracle` policy of the benchmark
+reads the simulator's true cache for comparison). An endpoint removed from the config keeps its
+(bounded) index until the worker restarts; a change of `blockSize` empties the index (its hashes
+no longer match), a smaller `lruCapacityPerServer` trims it.
+Formula: blocks = floor(min(len(prompt), blockSize * maxPrefixBlocksToMatch) / blockSize);
+score(e) = matched_leading_blocks(e) / blocks (0 when blocks = 0). Bounded: the framework only clamps.
+Parameters: `blockSize` (characters, default 64), `maxPrefixBlocksToMatch` (default 256),
+`lruCapacityPerServer` (blocks per endpoint, default 31250: GIE's, sized for Llama-3-8B on an
+H100's free HBM, 500K tokens / 16 per block).
+Data consumed: the request's prompt and model, this plugin's own index. Cost: about 0.7 us per
+block to hash (blake2b per block, measured on 2 shared cores: a 4 KB prompt at the default
+block size is 64 blocks, about 45 us), O(log blocks) lookups per candidate to score, about 0.2 us
+per block to record the pick; memory about 150 bytes per indexed block (31250 blocks = about
+5 MB per endpoint at the default capacity).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from extproc.scheduling import Parameters, Plugin
+
+_blake2b = hashlib.blake2b
+
+
+class PrefixCacheScorerParameters(Parameters):
+    block_size: int = Field(default=64, alias="blockSize", ge=1)
+    max_prefix_blocks_to_match: int = Field(default=256, alias="maxPrefixBlocksToMatch", ge=1)
+    lru_capacity_per_server: int = Field(default=31250, alias="lruCapacityPerServer", ge=1)
+
+
+def block_hashes(model: str | None, prompt: str, block_size: int, max_blocks: int) -> list[bytes]:
+    """The cumulative hash of each full leading block of `prompt` (at most `max_blocks`)."""
+    n = min(len(prompt) // block_size, max_blocks)
+    prev = _blake2b((model or "").encode(), digest_size=8).digest()
+    out = []
+    for i in range(0, n * block_size, block_size):
+        prev = _blake2b(prompt[i:i + block_size].encode() + prev, digest_size=8).digest()
+        out.append(prev)
+    return out
+
+
+class PrefixCacheScorer(Plugin):
+    type: ClassVar[str] = "prefix-cache-scorer"
+    slot: ClassVar[str] = "scorer"
+    bounded: ClassVar[bool] = True
+    Parameters: ClassVar[type] = PrefixCacheScorerParameters
+
+    def __init__(self, name: str, params: PrefixCacheScorerParameters, runtime: Any):
+        super().__init__(name, params, runtime)
+        self.index: dict[str, OrderedDict[bytes, None]] = {}  # endpoint -> LRU of block hashes (oldest first)
+
+    def configure(self, old: PrefixCacheScorerParameters, new: PrefixCacheScorerParameters) -> None:
+        self.params = new
+        if old.block_size != new.block_size:
+            self.index.clear()
+        elif new.lru_capacity_per_server < old.lru_capacity_per_server:
+            for lru in self.index.values():
+                while len(lru) > new.lru_capacity_per_server:
+                    lru.popitem(last=False)
+
+    def hashes(self, ctx: Any) -> list[bytes]:
+        """The prompt's block hashes for this decision (computed once, kept in `ctx.cycle`)."""
+        key = (self.name, "hashes")
+        found = ctx.cycle.get(key)
+        if found is None:
+            req = ctx.request
+            if req is None:
+                found = []
+            else:
+                p = self.params
+                found = block_hashes(req.model, req.prompt_text(), p.block_size, p.max_prefix_blocks_to_match)
+            ctx.cycle[key] = found
+        return found
+
+    def matched(self, endpoint: str, hashes: list[bytes]) -> int:
+        """How many leading blocks of `hashes` the endpoint's index holds (binary search: they are a leading run)."""
+        lru = self.index.get(endpoint)
+        if not lru or not hashes or hashes[0] not in lru:
+            return 0
+        lo, hi = 1, len(hashes)  # hashes[:lo] held; find the largest such lo
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in lru:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def score(self, ctx: Any, candidates: tuple[str, ...]) -> dict[str, float]:
+        hashes = self.hashes(ctx)
+        if not hashes:
+            return dict.fromkeys(candidates, 0.0)
+        total = len(hashes)
+        return {e: self.matched(e, hashes) / total for e in candidates}
+
+    def picked(self, ctx: Any, endpoint: str) -> None:
+        hashes = self.hashes(ctx)
+        if not hashes:
+            return
+        lru = self.index.get(endpoint)
+        if lru is None:
+            lru = self.index[endpoint] = OrderedDict()
+        move = lru.move_to_end
+        for h in reversed(hashes):  # deepest first: the leading blocks end most recent, evicted last
+            if h in lru:
+                move(h)
+            else:
+                lru[h] = None
+        cap = self.params.lru_capacity_per_server
+        while len(lru) > cap:
+            lru.popitem(last=False)
