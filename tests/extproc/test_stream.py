@@ -560,3 +560,38 @@ async def test_a_cancelled_stream_ends_cancelled_and_a_broken_one_in_error(caplo
     s = collect(registry, [svc])
     assert s.value("adapter_processor_streams_active") == 0
     assert s.value("adapter_processor_request_duration_seconds_count", route="v1-analyze") == 2
+
+
+async def test_a_refusal_on_an_openai_route_speaks_the_openai_dialect():
+    text = TENANTS + '    - {path: "/v1/", match: prefix, kind: openai, name: api}\n'
+    svc, _, states = feedback_service(load_text(text))
+    replies = await run(svc, [("x-adapter-route", "api"), ("x-adapter-tenant", "stranger"), ("x-request-id", "r9")],
+                        recorded(PASSTHROUGH))
+    err = orjson.loads(replies[0].immediate_response.body)["error"]
+    assert list(err)[:5] == ["message", "type", "param", "code", "status"]
+    assert (err["code"], err["route"], err["request_id"]) == (states[0][0].reply_code, "api", "r9")
+
+
+async def test_a_mismatch_lists_every_digest_the_worker_knows_newest_first(write_config):
+    svc, _, _ = service()
+    old = svc.config.current
+    new = load_file(write_config((RECORDED / "config.yaml").read_text().replace("name: exp", "name: exp2")),
+                    generation=2)
+    svc.config.swap(new)
+    replies = await run(svc, [("x-adapter-route", "v1-analyze"), ("x-adapter-config-digest", "feed")], recorded(LLM))
+    msg = orjson.loads(replies[0].immediate_response.body)["error"]["message"]
+    assert f"runs generation 2 (digest {new.digest}) and knows {new.digest}, {old.digest}: Envoy" in msg
+
+
+async def test_response_headers_without_a_status_give_status_0():
+    for value in (None, ""):
+        svc, _, states = feedback_service(feedback=False)
+        seq = recorded(LLM)[:3]
+        headers = seq[2].response_headers.headers.headers
+        status = next(h for h in headers if h.key == ":status")
+        if value is None:
+            headers.remove(status)
+        else:
+            status.raw_value = b""
+        await run(svc, [("x-adapter-route", "v1-analyze")], seq)
+        assert states[0][0].response_status == 0, value
