@@ -35,8 +35,11 @@ def test_gie_formula_on_a_recorded_fleet():
 
 def test_equal_queues_are_neutral_and_unknown_endpoints_are_left_out():
     rt = Runtime()
-    fleet(rt, {E1: recorded(VLLM_V0), E2: recorded(VLLM_DP), E3: None})
-    assert scorer(rt).score(None, (E1, E2, E3, E4)) == {E1: 1.0, E2: 1.0}  # E3 never scraped, E4 not tracked
+    from extproc.datalayer.engine_metrics import EngineSample
+
+    fleet(rt, {E1: recorded(VLLM_V0), E2: recorded(VLLM_DP), E3: None, E4: EngineSample("triton")})
+    # E3 never scraped, E4's engine exports no queue, 127.0.0.1:9005 not tracked at all
+    assert scorer(rt).score(None, (E1, E2, E3, E4, "127.0.0.1:9005")) == {E1: 1.0, E2: 1.0}
     assert scorer(rt).score(None, (E3, E4)) == {}
 
 
