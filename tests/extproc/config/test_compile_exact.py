@@ -235,3 +235,46 @@ def test_derived_output_schema_nests_objects_and_arrays_required_unless_defaulte
                                                  "properties": {"id": {}}}},
             "opt": {}}}
     assert derive_output_schema(compile_template('{"e": $.input.q, "g": $.output}')) is None
+
+
+def test_files_a_route_names_are_read_relative_to_the_config_and_their_faults_name_the_file(tmp_path):
+    import shutil
+
+    from extproc.config.loader import load_file
+    from tests.conftest import DATA
+
+    shutil.copy(DATA / "openapi" / "petstore.yaml", tmp_path / "pets.yaml")
+    shutil.copy(DATA / "openapi" / "callback-example.yaml", tmp_path / "noops.yaml")
+    shutil.copy(DATA / "contract" / "rest-mapping.yaml", tmp_path / "orders.yaml")
+    (tmp_path / "bad.yaml").write_text("not: [a mapping\n")
+    base = HEAD + "  backends: [{name: svc, kind: rest, endpoints: ['127.0.0.1:9']}]\n  routes:\n"
+    good = base + ("    - {path: /t, kind: tool, target: svc, openapi: pets.yaml}\n"
+                   f"    - {{path: /t2, kind: tool, target: svc, openapi: {tmp_path / 'pets.yaml'}}}\n"
+                   "    - {path: /r, kind: rest, target: svc, mapping: orders.yaml}\n")
+    (tmp_path / "good.yaml").write_text(good)
+    s = load_file(tmp_path / "good.yaml")
+    assert s.routes["t"].tools.tools and s.routes["t2"].tools.tools and s.routes["r"].mapping is not None
+    bad = base + ("    - {path: /t, kind: tool, target: svc, openapi: noops.yaml}\n"
+                  "    - {path: /t2, kind: tool, target: svc, openapi: missing.yaml}\n"
+                  "    - {path: /r, kind: rest, target: svc, mapping: bad.yaml}\n"
+                  "    - {path: /r2, kind: rest, target: svc, mapping: none.yaml}\n")
+    (tmp_path / "bad-config.yaml").write_text(bad)
+    with pytest.raises(ConfigError) as e:
+        load_file(tmp_path / "bad-config.yaml")
+    got = [(i.where.rpartition(":")[2], i.path, i.reason) for i in e.value.issues]
+    assert [g[:2] for g in got] == [("7", "spec.routes[0].openapi"), ("8", "spec.routes[1].openapi"),
+                                    ("9", "spec.routes[2].mapping"), ("10", "spec.routes[3].mapping")]
+    assert got[0][2] == "noops.yaml: no operation could be turned into a tool"
+    assert got[1][2].startswith("missing.yaml: ") and str(tmp_path / "missing.yaml") in got[1][2]
+    assert got[2][2].startswith("bad.yaml: ") and got[3][2].startswith("none.yaml: ")
+    assert str(tmp_path / "none.yaml") in got[3][2]
+
+
+def test_a_bad_template_points_at_its_own_line_or_at_the_route_field():
+    text = HEAD + ("  backends: [{name: llm, endpoints: ['127.0.0.1:9'], models: [m]}]\n  routes:\n"
+                   "    - path: /a\n      transform: |\n        {\"a\": $.output.a,\n         \"b\": $$}\n"
+                   "    - {path: /b, request: '{\"x\": ]'}\n")
+    got = issues(text)
+    assert [(line, path) for line, path, _ in got] == [(10, "spec.routes[0].transform"), (11, "spec.routes[1].request")]
+    assert all(reason.startswith("template error at line ") for _, _, reason in got)
+    assert got[0][2].startswith("template error at line 2, column ")
