@@ -94,3 +94,35 @@ def test_one_fresh_unsaturated_endpoint_takes_the_request():
     st = request_state(b)
     dispatch(st)
     assert st.endpoint == E4
+
+
+async def test_with_the_real_scraper_an_endpoint_that_stops_answering_goes_stale_and_is_filtered():
+    from tests.extproc.datalayer.test_scraper import BUSY_TEXT, MetricsServer, until
+
+    a, b_ = MetricsServer(BUSY_TEXT), MetricsServer(BUSY_TEXT)  # queue 3, KV 0.42, busy: scraped every 0.2 s
+    head = ("apiVersion: adapter.ai/v1\nkind: AdapterGateway\nmetadata: {name: s}\nspec:\n  backends:\n"
+            f'    - name: pool\n      kind: vllm\n      models: [m]\n      endpoints: ["{a.endpoint}", "{b_.endpoint}"]\n')
+    b = built(*PROFILE, head=head)
+    rt = b.runtime
+    rt.start_signals()
+    try:
+        await until(lambda: rt.signals.sample(a.endpoint) and rt.signals.sample(b_.endpoint), "first samples")
+        assert set(b.decide(request_state(b))) == {a.endpoint, b_.endpoint}
+        a.close()  # its last sample stays, ageing; past 4 x 0.2 s it is stale, hence saturated
+        await until(lambda: rt.signals.age(a.endpoint) > rt.signals.stale_after(a.endpoint), "a stale sample")
+        assert rt.signals.sample(a.endpoint).queue == 3  # the numbers alone would pass
+        for _ in range(10):
+            st = request_state(b)
+            dispatch(st)
+            assert st.endpoint == b_.endpoint
+        b_.close()
+        await until(lambda: rt.signals.age(b_.endpoint) > rt.signals.stale_after(b_.endpoint), "b stale too")
+        verdict = dispatch(request_state(b))
+        assert (verdict.status, verdict.code) == (503, "no_capacity")
+    finally:
+        await rt.stop_signals()
+        for server in (a, b_):
+            try:
+                server.close()
+            except OSError:
+                pass
