@@ -595,3 +595,32 @@ async def test_response_headers_without_a_status_give_status_0():
             status.raw_value = b""
         await run(svc, [("x-adapter-route", "v1-analyze")], seq)
         assert states[0][0].response_status == 0, value
+
+
+def test_the_service_installs_the_snapshot_on_a_fresh_runtime_only_and_is_its_metrics_sink(write_config):
+    first = load_file(RECORDED / "config.yaml")
+    svc = ExtProcService(ConfigRef(first), ProcessorMetrics(CollectorRegistry()))
+    assert svc.runtime.installed is first and svc.runtime.metrics_sink is svc.observer
+    other = load_file(write_config((RECORDED / "config.yaml").read_text().replace("name: exp", "name: other")))
+    runtime = Runtime()
+    runtime.install(other)
+    svc = ExtProcService(ConfigRef(first), ProcessorMetrics(CollectorRegistry()), runtime=runtime)
+    assert runtime.installed is other  # a runtime that has a snapshot keeps it until the next swap
+    svc.config.swap(first)
+    assert runtime.installed is first
+
+
+def test_one_token_and_a_batch_of_one_are_counted():
+    s = observed(({"backend": "fake", "usage": Usage(1, 1, 1)}, Outcome.OK))
+    assert s.total("adapter_processor_tokens_total", type="prompt") == 1
+    assert s.total("adapter_processor_tokens_total", type="completion") == 1
+    assert s.total("adapter_processor_batch_size_count") == 1
+
+
+async def test_processor_time_is_at_most_the_time_the_stream_took():
+    svc, registry, _ = service()
+    t0 = time.perf_counter()
+    await run(svc, [("x-adapter-route", "v1-analyze")], recorded(LLM))
+    elapsed = time.perf_counter() - t0
+    s = collect(registry, [svc])
+    assert 0 < s.value("adapter_processor_request_duration_seconds_sum", route="v1-analyze") <= elapsed
