@@ -76,6 +76,11 @@ class OpenAIParse:
         return None
 
 
+# An SSE stream may open with a comment (": ping", some servers' keep-alive) or an event/id/retry
+# field before its first `data:` line; a JSON answer or error opens with "{".
+SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
 class OpenAIUsage:
     name = "openai-usage"
     streams = (Phase.RESPONSE_BODY,)
@@ -84,7 +89,7 @@ class OpenAIUsage:
         # No response-headers phase (it would cost a round trip before the first token): the first
         # chunk tells an SSE stream (`data: ...`) from a JSON answer or an error.
         if "sse" not in state.attrs:
-            state.attrs["sse"] = state.backend is not None and msg.body.lstrip().startswith(b"data:")
+            state.attrs["sse"] = state.backend is not None and msg.body.lstrip().startswith(SSE_STARTS)
             state.attrs["pending"] = b""
         if state.attrs["sse"]:
             return self._sse_chunk(state, msg)

@@ -443,3 +443,13 @@ async def test_a_stream_through_the_servicer_counts_tokens_and_hides_the_usage_i
     labels = dict(route="api", backend="beta", model="m2", tenant="none")
     assert samples.value("adapter_processor_tokens_total", type="prompt", **labels) == 5
     assert samples.value("adapter_processor_tokens_total", type="completion", **labels) == 2
+
+
+def test_a_stream_opening_with_a_comment_or_event_field_is_still_a_stream(snap):
+    # some servers open with a keep-alive comment or an `event:` line before the first `data:`
+    for opening in (b": ping\n\n", b"event: message\n", b"id: 1\n", b"retry: 100\n\n"):
+        st, stage = answered(snap, strip_usage=True), OpenAIUsage()
+        assert stage.on_response_body(st, resp(opening + DELTA)) is CONTINUE
+        assert st.attrs["sse"] is True, opening
+        v = stage.on_response_body(st, resp(USAGE + DONE, end=True))
+        assert isinstance(v, Mutate) and v.body == DONE and st.usage == Usage(5, 2), opening
