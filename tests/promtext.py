@@ -31,7 +31,7 @@ class Samples(dict):
             return dict.__getitem__(self, key)
         if default is not None:
             return default
-        have = sorted(dict(lab) for n, lab in self if n == name)
+        have = [dict(lab) for lab in sorted(lab for n, lab in self if n == name)]
         raise AssertionError(f"no sample {name}{labels}; that name has label sets {have}")
 
     def series(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
