@@ -110,18 +110,18 @@ def _health(route: Any) -> list[Any]:
 def kind_specs() -> Mapping[str, KindSpec]:
     specs = (
         KindSpec("llm", _llm, api="openai", prefix=False, templates=True, needs_model=True,
-                 doc="adapts JSON in and out of a chat model"),
+                 doc="adapts JSON in and out of a chat model"),  # pragma: no mutate
         KindSpec("passthrough", _passthrough, doc="forwards requests as they are"),
         KindSpec("openai", _openai, api="openai", dialect="openai", multi_target=True,
-                 doc="the OpenAI API: model-based dispatch, streaming, token usage"),
+                 doc="the OpenAI API: model-based dispatch, streaming, token usage"),  # pragma: no mutate
         KindSpec("kserve", _kserve, api="kserve", dialect="kserve", multi_target=True,
-                 doc="KServe v2 paths to the backend serving the model"),
+                 doc="KServe v2 paths to the backend serving the model"),  # pragma: no mutate
         KindSpec("tensor", _tensor, api="kserve", prefix=False, templates=True, needs_model=True,
-                 doc="JSON mapped to a model's input tensors and back"),
+                 doc="JSON mapped to a model's input tensors and back"),  # pragma: no mutate
         KindSpec("tool", _tool, api="rest", dialect="tool", openapi=True, templates=True,
-                 doc="LLM tool calls executed on an OpenAPI-described REST service"),
+                 doc="LLM tool calls executed on an OpenAPI-described REST service"),  # pragma: no mutate
         KindSpec("rest", _rest_stages(), api="rest", templates=True, mapping=True,
-                 doc="a REST service, the body mapped by a field-mapping file both ways"),
+                 doc="a REST service, the body mapped by a field-mapping file both ways"),  # pragma: no mutate
         KindSpec("health", _health, prefix=False, doc="the processor's health and protocol-negotiation probe"),
     )
     return MappingProxyType({s.name: s for s in specs})

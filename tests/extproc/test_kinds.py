@@ -160,3 +160,20 @@ def test_default_kind_is_llm_with_templates_and_passthrough_without():
     s = load_text(text)
     assert s.routes["a"].kind == "llm" and s.routes["b"].kind == "passthrough"
     assert s.routes["b"].pipeline.phases == frozenset({RH})
+
+
+async def test_an_openai_route_dispatches_at_request_headers_only_a_request_without_body(snap):
+    from extproc.runtime import Runtime
+    from extproc.types import CONTINUE, HttpMessage, Mutate, RequestState
+
+    route = route_of(snap, "openai")
+    runtime = Runtime()
+    runtime.install(snap)
+    verdicts = []
+    for end in (False, True):
+        st = RequestState(snapshot=snap, route=route, started=0.0, runtime=runtime)
+        msg = HttpMessage(RH, headers={":path": "/v1/chat/completions", ":method": "POST"}, end_of_stream=end)
+        verdicts.append((await route.pipeline.run(st, msg), st.backend))
+    assert verdicts[0] == (CONTINUE, None)  # the body comes next: dispatch waits for the model in it
+    v, backend = verdicts[1]
+    assert isinstance(v, Mutate) and ("x-adapter-backend", "llm") in v.set_headers and backend == "llm"
