@@ -12,32 +12,47 @@ only *restrict* other types, and best-effort otherwise):
 
 * ``type`` (a name or a list of names; the first is used, except past the
   recursion limit where a scalar/null member is preferred);
-* ``enum`` / ``const`` (an enum member is picked by the seed);
-* ``object``: ``properties`` (all are emitted), ``required`` (names without a
-  ``properties`` entry are generated from ``additionalProperties`` when it is a
-  schema, else as strings), ``additionalProperties``, ``minProperties`` /
-  ``maxProperties``;
+* ``enum`` / ``const`` (an enum member that meets the type, bounds and lengths
+  beside it is picked by the seed);
+* ``object``: ``properties`` (all are emitted, up to ``maxProperties``; an
+  optional one whose schema has no instance is left out), ``required`` (names
+  without a ``properties`` entry are generated from ``additionalProperties``
+  when it is a schema, else as strings), ``additionalProperties``,
+  ``minProperties`` / ``maxProperties``;
 * ``array``: ``items``, ``prefixItems`` (and the draft-4..7 tuple form
-  ``items: [...]`` with ``additionalItems``), ``minItems`` / ``maxItems``,
-  ``uniqueItems`` (best effort);
+  ``items: [...]`` with ``additionalItems``), ``minItems`` / ``maxItems``
+  (items past ``minItems`` whose schema has no instance are left out),
+  ``uniqueItems`` (up to 16 tries per item, varying options, lengths and
+  object members);
 * ``string``: ``enum``, ``const``, ``format`` (date-time, date, time, email,
-  uuid, uri, hostname, ipv4, ipv6), ``minLength`` / ``maxLength``.
-  ``pattern`` is NOT honoured: a plain word string is returned, so a value for
-  a schema with a ``pattern`` may not match it;
+  uuid, uri, hostname, ipv4, ipv6; a short and a long form where the format
+  has them), ``minLength`` / ``maxLength``; a format and length bounds together
+  are best effort.  ``pattern`` is NOT honoured: a plain word string is
+  returned, so a value for a schema with a ``pattern`` may not match it;
 * ``number`` / ``integer``: ``minimum``, ``maximum``, ``exclusiveMinimum``,
   ``exclusiveMaximum`` (numeric, or the draft-4 boolean form) and
   ``multipleOf``.  ``number`` values are non-integral where the bounds allow,
   so ``oneOf: [{"type": "integer"}, {"type": "number"}]`` stays unambiguous;
 * ``boolean``, ``null``;
-* ``anyOf`` / ``oneOf`` (the first option; past the recursion limit the first
-  option without a ``$ref``), ``allOf`` (members merged: object properties and
-  ``required`` are united, numeric/length bounds take the tightest value);
+* ``anyOf`` / ``oneOf`` (the first option that has an instance; past the
+  recursion limit options without a ``$ref`` first; a ``oneOf`` whose options
+  overlap may get a value that matches several), ``allOf`` (members merged:
+  object properties, ``required``, ``items`` and ``additional*`` schemas are
+  united, numeric/length bounds take the tightest value, ``multipleOf`` the
+  least common multiple, types intersect);
 * ``$ref`` to any JSON pointer inside the document (``#``, ``#/$defs/...``,
   ``#/definitions/...``, ...); remote references raise ``ValueError``.
 
 A schema without ``type`` (including ``{}`` and ``true``) yields a string: any
 string is valid against keywords that only constrain objects, arrays or
-numbers.  ``false`` has no instance and raises ``ValueError``.
+numbers.  ``false`` has no instance and raises ``ValueError``, and so does a
+schema the generator finds contradictory (bounds that exclude every value, a
+``const`` outside the ``enum``, ``allOf`` members with no common type, more
+required members than ``maxProperties``...): an ``anyOf`` then tries its next
+option, an optional member or surplus item is left out, and the simulator
+answers 400 for a top-level schema.  tests/backends/test_simulator_schema.py
+checks this against hypothesis-jsonschema: for every drawn schema it can find
+an instance of, this generator must make a valid one.
 
 Recursion guard: every nested object/array level and every ``$ref`` hop counts
 as one level of depth.  From depth :data:`RECURSION_LIMIT` (8) on, the generator
@@ -85,6 +100,7 @@ class _Generator:
     def __init__(self, root: dict | bool, seed: int) -> None:
         self._root = root
         self._rng = random.Random(seed)
+        self._variant = 0  # > 0 while an array retries for a distinct item: objects then add a member
 
     # -- dispatch -----------------------------------------------------------
 
@@ -110,17 +126,26 @@ class _Generator:
         for key in ("anyOf", "oneOf"):
             if key in schema:
                 rest = {k: v for k, v in schema.items() if k != key}
-                option = self._pick_option(schema[key], depth)
-                return self.generate(_merge([rest, self._deref(option)]), depth)
+                error: ValueError | None = None
+                for option in self._options(schema[key], depth):  # the preferred one, then the others
+                    try:
+                        return self.generate(_merge([rest, self._deref(option)]), depth)
+                    except ValueError as exc:  # this option has no instance here: try the next
+                        error = exc
+                raise error if error is not None else ValueError("an empty `anyOf`/`oneOf` has no valid instance")
 
         if "const" in schema:
+            if not _admits(schema["const"], schema):
+                raise ValueError("the `const` does not meet the schema's other keywords")
+            if "enum" in schema and not any(_json_equal(schema["const"], v) for v in schema["enum"]):
+                raise ValueError("the `const` is not a member of the `enum`")
             return schema["const"]
         if "enum" in schema:
-            choices = schema["enum"]
-            if "type" in schema:  # keep the members the declared type admits
-                choices = [v for v in choices if _has_type(v, schema["type"])] or choices
+            # keep the members the schema's other keywords (type, bounds, lengths) admit
+            choices = [v for v in schema["enum"] if _admits(v, schema)]
             if not choices:
-                raise ValueError("an empty `enum` has no valid instance")
+                raise ValueError("no `enum` member meets the schema's other keywords" if schema["enum"]
+                                 else "an empty `enum` has no valid instance")
             return choices[self._rng.randrange(len(choices))]
 
         kind = self._pick_type(schema.get("type"), depth)
@@ -152,14 +177,15 @@ class _Generator:
                     return name
         return types[0]
 
-    def _pick_option(self, options: list, depth: int) -> Any:
-        if not options:
-            raise ValueError("an empty `anyOf`/`oneOf` has no valid instance")
+    def _options(self, options: list, depth: int) -> list:
+        """``options`` in the order to try them: as written, except that past the recursion limit
+        those without a ``$ref`` come first, and that a retry for a distinct array item rotates them."""
         if depth >= RECURSION_LIMIT:
-            for option in options:
-                if not _mentions_ref(option):
-                    return option
-        return options[0]
+            return sorted(options, key=_mentions_ref)  # stable: False (no $ref) first
+        if self._variant and options:  # an array retrying for a distinct item: start elsewhere
+            shift = self._variant % len(options)
+            return [*options[shift:], *options[:shift]]
+        return list(options)
 
     # -- references ----------------------------------------------------------
 
@@ -198,31 +224,49 @@ class _Generator:
         additional = schema.get("additionalProperties", True)
         limited = depth >= RECURSION_LIMIT
 
-        names = [n for n in properties if n in required] if limited else list(properties)
-        names += [n for n in required if n not in names]
         min_props = schema.get("minProperties", 0)
-        for name in properties:  # past the limit, optional members only to reach minProperties
-            if len(names) >= min_props:
-                break
-            if name not in names:
-                names.append(name)
         max_props = schema.get("maxProperties")
-        if max_props is not None and len(names) > max_props:
-            optional = [n for n in names if n not in required]
-            drop = set(optional[: len(names) - max_props])
-            names = [n for n in names if n not in drop]
+        if max_props is not None and max_props < min_props:
+            raise ValueError(f"no object has at least {min_props} and at most {max_props} members")
+        if max_props is not None and len(required) > max_props:
+            raise ValueError(f"{len(required)} required members, at most {max_props} allowed")
+        outside = [n for n in required if n not in properties]
+        if outside and additional is False:
+            raise ValueError(f"required member {outside[0]!r} is not in `properties` and no other is allowed")
 
         result: dict = {}
-        for name in names:
-            sub = properties[name] if name in properties else _extra_schema(additional)
-            result[name] = self.generate(sub, depth + 1)
+        pending = len(required)  # required members not generated yet
+        for name, sub in properties.items():
+            if name in required:
+                result[name] = self.generate(sub, depth + 1)
+                pending -= 1
+                continue
+            if limited and len(result) + pending >= min_props:
+                continue  # past the recursion limit, optional members only to reach minProperties
+            if max_props is not None and len(result) + pending >= max_props:
+                continue
+            try:
+                result[name] = self.generate(sub, depth + 1)
+            except ValueError:
+                pass  # an optional member whose schema has no instance (`false`...): left out
+        for name in outside:
+            result[name] = self.generate(_extra_schema(additional), depth + 1)
 
+        if self._variant and additional is not False and (max_props is None or len(result) < max_props):
+            name = f"extra_{self._variant}"
+            if name not in result and name not in properties:
+                try:
+                    result[name] = self.generate(_extra_schema(additional), depth + 1)
+                except ValueError:
+                    pass
         extra_index = 0
         while len(result) < min_props and additional is not False:
             name = f"extra_{extra_index}"
             extra_index += 1
             if name not in result and name not in properties:
                 result[name] = self.generate(_extra_schema(additional), depth + 1)
+        if len(result) < min_props:
+            raise ValueError(f"no object with the {min_props} members `minProperties` asks for is allowed")
         return result
 
     def _array(self, schema: dict, depth: int) -> list:
@@ -234,12 +278,19 @@ class _Generator:
 
         min_items = schema.get("minItems", 0)
         max_items = schema.get("maxItems")
+        if max_items is not None and max_items < min_items:
+            raise ValueError(f"no array has at least {min_items} and at most {max_items} items")
         if depth >= RECURSION_LIMIT:
             count = min_items
         else:
             count = max(min_items, len(prefix), 2)
+            if self._variant:  # a retry for a distinct item of an outer array: another length
+                span = max_items - min_items + 1 if max_items is not None else 4
+                count = min_items + (count - min_items + self._variant) % span
         if items is False:
             count = min(count, len(prefix))
+            if count < min_items:
+                raise ValueError(f"`minItems` {min_items} but no item is allowed past the first {len(prefix)}")
         if max_items is not None:
             count = min(count, max_items)
         count = max(count, 0)
@@ -247,20 +298,31 @@ class _Generator:
         def item_schema(index: int) -> Any:
             return prefix[index] if index < len(prefix) else items
 
-        if not schema.get("uniqueItems"):
-            return [self.generate(item_schema(i), depth + 1) for i in range(count)]
-
         result: list = []
         for index in range(count):
-            for _attempt in range(16):
+            try:
                 value = self.generate(item_schema(index), depth + 1)
+            except ValueError:
+                if index < min_items:
+                    raise
+                break  # items past minItems whose schema has no instance: stop at a valid length
+            if not schema.get("uniqueItems"):
+                result.append(value)
+                continue
+            for attempt in range(16):
+                if attempt:
+                    saved, self._variant = self._variant, attempt
+                    try:
+                        value = self.generate(item_schema(index), depth + 1)
+                    finally:
+                        self._variant = saved
                 if not any(_json_equal(value, other) for other in result):
                     result.append(value)
                     break
             else:
                 if len(result) >= min_items:
                     break  # cannot find a distinct value; stop at a valid length
-                result.append(value)
+                raise ValueError(f"found fewer than the {min_items} distinct items `uniqueItems` asks for")
         return result
 
     # -- scalars -------------------------------------------------------------
@@ -268,11 +330,14 @@ class _Generator:
     def _string(self, schema: dict) -> str:
         min_len = schema.get("minLength", 0)
         max_len = schema.get("maxLength")
-        formatted = self._formatted(schema.get("format"))
-        if formatted is not None and len(formatted) >= min_len and (
-            max_len is None or len(formatted) <= max_len
-        ):
-            return formatted
+        if max_len is not None and max_len < min_len:
+            raise ValueError(f"no string is at least {min_len} and at most {max_len} characters long")
+        forms = self._formatted(schema.get("format"), min_len)
+        for formatted in forms:  # the usual form, then a short one
+            if len(formatted) >= min_len and (max_len is None or len(formatted) <= max_len):
+                return formatted
+        if forms:
+            raise ValueError(f"no {schema['format']} value of the lengths `minLength`/`maxLength` allow")
 
         word_count = 1 + self._rng.randrange(3)
         text = " ".join(_WORDS[self._rng.randrange(len(_WORDS))] for _ in range(word_count))
@@ -284,30 +349,36 @@ class _Generator:
             text = text.ljust(min_len, "x")
         return text
 
-    def _formatted(self, fmt: Any) -> str | None:
+    def _formatted(self, fmt: Any, min_len: int = 0) -> tuple[str, ...]:
+        """Values for a ``format``: the usual form, then (where the format has them) a short form
+        for a tight ``maxLength`` and a long one that reaches ``min_len``; empty for no or an
+        unknown format."""
         rng = self._rng
-        if fmt == "date-time":
-            return (
-                f"2024-{1 + rng.randrange(12):02d}-{1 + rng.randrange(28):02d}"
-                f"T{rng.randrange(24):02d}:{rng.randrange(60):02d}:{rng.randrange(60):02d}Z"
-            )
+        if fmt in ("email", "uri", "url", "iri", "hostname"):
+            word = _WORDS[rng.randrange(len(_WORDS))]
+        if fmt in ("date-time", "time"):
+            day = f"2024-{1 + rng.randrange(12):02d}-{1 + rng.randrange(28):02d}T" if fmt == "date-time" else ""
+            clock = f"{day}{rng.randrange(24):02d}:{rng.randrange(60):02d}:{rng.randrange(60):02d}"
+            # fractional seconds (RFC 3339 allows any number of digits) make it as long as needed
+            return f"{clock}Z", f"{clock}.{'0' * max(1, min_len - len(clock) - 2)}Z"
         if fmt == "date":
-            return f"2024-{1 + rng.randrange(12):02d}-{1 + rng.randrange(28):02d}"
-        if fmt == "time":
-            return f"{rng.randrange(24):02d}:{rng.randrange(60):02d}:{rng.randrange(60):02d}Z"
+            return (f"2024-{1 + rng.randrange(12):02d}-{1 + rng.randrange(28):02d}",)
         if fmt == "email":
-            return f"{_WORDS[rng.randrange(len(_WORDS))]}{rng.randrange(1000)}@example.com"
+            usual = f"{word}{rng.randrange(1000)}@example.com"
+            return usual, f"{word[0]}@{word[1]}.io", usual.rjust(min_len, "x")[-254:]
         if fmt == "uuid":
-            return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+            return (str(uuid.UUID(int=rng.getrandbits(128), version=4)),)
         if fmt in ("uri", "url", "iri"):
-            return f"https://example.com/{_WORDS[rng.randrange(len(_WORDS))]}/{rng.randrange(1000)}"
+            usual = f"https://example.com/{word}/{rng.randrange(1000)}"
+            return usual, f"https://{word[0]}.io", usual.ljust(min_len, "x")
         if fmt == "hostname":
-            return f"{_WORDS[rng.randrange(len(_WORDS))]}.example.com"
+            usual = f"{word}.example.com"
+            return usual, f"{word[0]}.io", ".".join(["x" * 63] * (min_len // 64) + [usual])[-253:].lstrip(".")
         if fmt == "ipv4":
-            return f"10.{rng.randrange(256)}.{rng.randrange(256)}.{1 + rng.randrange(254)}"
+            return f"10.{rng.randrange(256)}.{rng.randrange(256)}.{1 + rng.randrange(254)}", "10.0.0.1"
         if fmt == "ipv6":
-            return f"fd00::{rng.randrange(0x10000):x}:{1 + rng.randrange(0xFFFF):x}"
-        return None
+            return f"fd00::{rng.randrange(0x10000):x}:{1 + rng.randrange(0xFFFF):x}", "::1"
+        return ()
 
     def _integer(self, schema: dict) -> int:
         low, high = _integer_bounds(schema)
@@ -333,8 +404,10 @@ class _Generator:
             low = high - 100
         if high is None:
             high = low + 100
+        if low > high or (low == high and (low_excl or high_excl)):
+            raise ValueError("no number is within the bounds")
         if low == high:
-            return low  # only valid when both bounds are inclusive
+            return low
         for _ in range(8):
             value = round(self._rng.uniform(low, high), 2)
             if value == int(value):
@@ -351,7 +424,7 @@ class _Generator:
         exact = Fraction(str(multiple))
         k_low = None if low is None else _first_k(Fraction(str(low)), exact, low_excl)
         k_high = None if high is None else _last_k(Fraction(str(high)), exact, high_excl)
-        k = self._pick_int(k_low, k_high)
+        k = self._pick_int(k_low, k_high)  # raises when no multiple is within the bounds
         # Prefer a k whose float product divides back exactly (validators check
         # ``instance / multipleOf`` in floating point).
         candidates = [k] + [k + d for d in range(1, 64)] + [k - d for d in range(1, 64)]
@@ -372,7 +445,7 @@ class _Generator:
         if high is None:
             high = low + 100
         if high < low:
-            return low  # unsatisfiable bounds: best effort
+            raise ValueError("no integer (or multiple of `multipleOf`) is within the bounds")
         return self._rng.randint(low, high)
 
 
@@ -392,6 +465,33 @@ def _has_type(value: Any, declared: Any) -> bool:
         "object": isinstance(value, dict),
     }
     return any(checks.get(name, False) for name in names)
+
+
+def _admits(value: Any, schema: dict) -> bool:
+    """Whether a ``const``/``enum`` member meets the schema's type and scalar keywords (bounds,
+    ``multipleOf``, lengths), which a merged ``allOf`` can put beside it."""
+    if "type" in schema and not _has_type(value, schema["type"]):
+        return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        low, low_excl = _bound(schema, "minimum", "exclusiveMinimum", max)
+        high, high_excl = _bound(schema, "maximum", "exclusiveMaximum", min)
+        if low is not None and (value < low or (low_excl and value == low)):
+            return False
+        if high is not None and (value > high or (high_excl and value == high)):
+            return False
+        multiple = schema.get("multipleOf")
+        if isinstance(multiple, (int, float)) and multiple > 0:
+            try:
+                if (Fraction(str(value)) / Fraction(str(multiple))).denominator != 1:
+                    return False
+            except (ValueError, OverflowError):  # inf or nan
+                return False
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            return False
+        if schema.get("maxLength") is not None and len(value) > schema["maxLength"]:
+            return False
+    return True
 
 
 def _extra_schema(additional: Any) -> Any:
@@ -441,8 +541,12 @@ def _merge(schemas: list[Any]) -> dict:
                 merged[key] = min(merged[key], value)
             elif key == "type":
                 merged[key] = _intersect_types(merged[key], value)
-            elif key == "additionalProperties" and value is False:
-                merged[key] = False
+            elif key in ("additionalProperties", "additionalItems", "items", "prefixItems"):
+                if key == "items" and isinstance(merged[key], list) != isinstance(value, list):
+                    # a tuple and an all-items schema: the items past the tuple must match it too
+                    every = merged[key] if isinstance(value, list) else value
+                    merged["additionalItems"] = _merge_subschemas(merged.get("additionalItems", True), every)
+                merged[key] = _merge_subschemas(merged[key], value)
             elif key == "allOf":
                 merged[key] = [*merged[key], *value]
             elif key in ("anyOf", "oneOf"):
@@ -450,9 +554,36 @@ def _merge(schemas: list[Any]) -> dict:
                 merged[key] = [{"allOf": [option, {key: value}]} for option in merged[key]]
             elif key == "enum":
                 merged[key] = [v for v in merged[key] if any(_json_equal(v, w) for w in value)]
+            elif key == "const":
+                if not _json_equal(merged[key], value):
+                    raise ValueError("an `allOf` with two different `const` values has no valid instance")
+            elif key == "multipleOf" and _both_numeric(merged[key], value) and merged[key] > 0 and value > 0:
+                a, b = Fraction(str(merged[key])), Fraction(str(value))  # lcm of the two steps
+                step = Fraction(math.lcm(a.numerator, b.numerator), math.gcd(a.denominator, b.denominator))
+                merged[key] = int(step) if step.denominator == 1 else float(step)
             else:
                 merged[key] = value
     return merged
+
+
+def _merge_subschemas(a: Any, b: Any) -> Any:
+    """Two members' ``items`` (a schema, or a tuple of them), ``additionalProperties``...: both hold."""
+    if isinstance(a, list) or isinstance(b, list):
+        left = a if isinstance(a, list) else None
+        right = b if isinstance(b, list) else None
+        size = max(len(left or ()), len(right or ()))
+
+        def at(member: Any, tup: list | None, i: int) -> Any:
+            return member if tup is None else (tup[i] if i < len(tup) else True)
+
+        return [_merge_subschemas(at(a, left, i), at(b, right, i)) for i in range(size)]
+    if a is True or a == {}:
+        return b
+    if b is True or b == {}:
+        return a
+    if a is False or b is False:
+        return False
+    return {"allOf": [a, b]}
 
 
 def _both_numeric(a: Any, b: Any) -> bool:
@@ -467,7 +598,9 @@ def _intersect_types(a: Any, b: Any) -> Any:
         common = ["integer"]
     if not common and "integer" in left and "number" in right:
         common = ["integer"]
-    return common[0] if len(common) == 1 else (common or right)
+    if not common:
+        raise ValueError(f"`allOf` members allow no common type ({a} and {b})")
+    return common[0] if len(common) == 1 else common
 
 
 def _bound(schema: dict, inclusive_key: str, exclusive_key: str, tighter) -> tuple[Any, bool]:
