@@ -32,13 +32,14 @@ from extproc.config.snapshot import (DEBUG_METADATA_KEY, DIGEST_METADATA_KEY, RO
 from extproc.errors import reject
 from extproc.metrics import Pending, ProcessorMetrics
 from extproc.runtime import Runtime
-from extproc.types import Mutate, Outcome, Phase, Reject, RequestState, Respond
+from extproc.types import HINT_HEADERS, Mutate, Outcome, Phase, Reject, RequestState, Respond
 
 log = logging.getLogger(__name__)
 
 KEEP_SNAPSHOTS = 4  # recent snapshots kept for streams from Envoy routes of an older digest
 _RESPONSE_HEADERS = Phase.RESPONSE_HEADERS  # module constants: an enum member lookup costs ~0.4 us
 _RESPONSE_BODY = Phase.RESPONSE_BODY
+_REQUEST_HEADERS = Phase.REQUEST_HEADERS
 _REQUEST_PHASES = frozenset({Phase.REQUEST_HEADERS, Phase.REQUEST_BODY, Phase.REQUEST_TRAILERS})
 
 
@@ -211,6 +212,11 @@ class ExtProcService:
                             state.served = attrs.get("upstream.address") or None
                     if phase is _RESPONSE_HEADERS and msg.headers:
                         state.response_status = int(msg.headers.get(":status", "0") or 0)
+                    elif phase is _REQUEST_HEADERS and msg.headers:
+                        for name in HINT_HEADERS:  # routing hints for plugins deciding at the body
+                            value = msg.headers.get(name)
+                            if value is not None:
+                                state.attrs[name] = value
                     verdict = await pipeline.run(state, msg)
                     if (phase is last_phase and (msg.end_of_stream or phase is not _RESPONSE_BODY)) or \
                             (phase is _RESPONSE_HEADERS and isinstance(verdict, Mutate) and verdict.skip_body):

@@ -139,6 +139,12 @@ class Respond:
 Verdict = Continue | Mutate | Reject | Respond
 
 
+# Client headers kept at request headers for the scheduling plugins that decide at the body (the
+# headers are not kept otherwise): `state.attrs[name]` = the value, when the client sent one.
+# x-task-intent: intent-filter's routing hint; x-slo-ttft-ms: ttft-headroom-scorer's per-request SLO.
+HINT_HEADERS = ("x-task-intent", "x-slo-ttft-ms")
+
+
 @dataclass(slots=True)
 class RequestState:
     """Everything known about one HTTP request, carried across its ext_proc messages.

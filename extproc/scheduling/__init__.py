@@ -144,22 +144,29 @@ class Picker(Protocol):
 def plugin_types() -> Mapping[str, type]:
     from extproc.scheduling.health_filter import HealthFilter
     from extproc.scheduling.in_flight_scorer import InFlightScorer
+    from extproc.scheduling.intent_filter import IntentFilter
     from extproc.scheduling.kv_cache_utilization_scorer import KVCacheUtilizationScorer
     from extproc.scheduling.label_filter import LabelFilter
     from extproc.scheduling.least_in_flight import LeastInFlight
     from extproc.scheduling.lora_affinity_scorer import LoraAffinityScorer
     from extproc.scheduling.max_score_picker import MaxScorePicker
+    from extproc.scheduling.model_version_filter import ModelVersionFilter
     from extproc.scheduling.pinned_endpoint import PinnedEndpoint
     from extproc.scheduling.prefix_cache_scorer import PrefixCacheScorer
     from extproc.scheduling.queue_scorer import QueueScorer
     from extproc.scheduling.random_picker import RandomPicker
+    from extproc.scheduling.rtt_scorer import RttScorer
     from extproc.scheduling.saturation_filter import SaturationFilter
+    from extproc.scheduling.score_route_scorer import ScoreRouteScorer
+    from extproc.scheduling.tenant_pool_filter import TenantPoolFilter
+    from extproc.scheduling.ttft_headroom_scorer import TtftHeadroomScorer
     from extproc.scheduling.weighted_random_picker import WeightedRandomPicker
 
     return MappingProxyType({cls.type: cls for cls in (
         LabelFilter, SaturationFilter, HealthFilter, InFlightScorer, QueueScorer, KVCacheUtilizationScorer,
         PrefixCacheScorer, LoraAffinityScorer, MaxScorePicker, WeightedRandomPicker, RandomPicker, LeastInFlight,
-        PinnedEndpoint)})
+        PinnedEndpoint,
+        ModelVersionFilter, TenantPoolFilter, IntentFilter, ScoreRouteScorer, RttScorer, TtftHeadroomScorer)})
 
 
 __all__ = ["plugin_types", "Parameters", "Plugin", "SchedulingContext", "NoCapacity", "Filter", "Scorer",
