@@ -278,3 +278,13 @@ def test_a_bad_template_points_at_its_own_line_or_at_the_route_field():
     assert [(line, path) for line, path, _ in got] == [(10, "spec.routes[0].transform"), (11, "spec.routes[1].request")]
     assert all(reason.startswith("template error at line ") for _, _, reason in got)
     assert got[0][2].startswith("template error at line 2, column ")
+
+
+def test_without_workers_the_processor_ports_span_the_cpu_count():
+    import os
+
+    n = os.cpu_count() or 1
+    text = HEAD + "  processor: {basePort: 15051, adminPort: ADMIN}\n  routes: [{path: /x, target: '127.0.0.1:1'}]\n"
+    assert issues(text.replace("ADMIN", str(15051 + n - 1))) == [
+        (5, "spec.processor.basePort", f"port {15051 + n - 1} is also used by spec.processor.adminPort")]
+    assert load_text(text.replace("ADMIN", str(15051 + n))).processor.admin_port == 15051 + n
