@@ -624,3 +624,20 @@ async def test_processor_time_is_at_most_the_time_the_stream_took():
     elapsed = time.perf_counter() - t0
     s = collect(registry, [svc])
     assert 0 < s.value("adapter_processor_request_duration_seconds_sum", route="v1-analyze") <= elapsed
+
+
+async def test_routing_hint_headers_of_the_request_are_kept_for_the_plugins():
+    from extproc.types import HINT_HEADERS
+
+    assert HINT_HEADERS == ("x-task-intent", "x-slo-ttft-ms")
+    svc, _, states = feedback_service(feedback=False)
+    seq = recorded(LLM)
+    seq[0].request_headers.headers.headers.add(key="x-task-intent", raw_value=b"summarize")
+    seq[0].request_headers.headers.headers.add(key="x-slo-ttft-ms", raw_value=b"")
+    seq[2].response_headers.headers.headers.add(key="x-task-intent", raw_value=b"from-the-backend")
+    await run(svc, [("x-adapter-route", "v1-analyze")], seq)
+    attrs = states[0][0].attrs
+    assert (attrs["x-task-intent"], attrs["x-slo-ttft-ms"]) == ("summarize", "")
+    svc, _, states = feedback_service(feedback=False)
+    await run(svc, [("x-adapter-route", "v1-analyze")], recorded(LLM))
+    assert not set(HINT_HEADERS) & set(states[0][0].attrs)
