@@ -403,9 +403,9 @@ def test_close_marks_the_source_and_finishes_from_what_is_known():
     lc = Lifecycle(worker=0, feedback=True, boot="a",
                    observers=[lambda st, o: seen.append((st.token, o, st.attrs.get("_completion_source")))])
     a, b = _open(lc, complete=True), _open(lc, reply_status=429)
-    for st in (a, b):
-        lc.metadata(st)
-        lc.stream_ended(st, "end", now=0.0)
+    for s in (a, b):
+        lc.metadata(s)
+        lc.stream_ended(s, "end", now=0.0)
     assert len(lc._waiting) == 2
     lc.close()
     assert seen == [("0.a-1", Outcome.OK, "shutdown"), ("0.a-2", Outcome.REJECTED, "shutdown")]

@@ -280,7 +280,7 @@ import pytest  # noqa: E402
 
 from extproc.pipeline import Pipeline  # noqa: E402
 from extproc.runtime import Runtime  # noqa: E402
-from extproc.types import HttpMessage, Mutate, Phase  # noqa: E402
+from extproc.types import Mutate  # noqa: E402
 
 
 class _NoMetadata:
