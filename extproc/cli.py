@@ -72,6 +72,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         filters = ", ".join(f.name for f in prof.filters) or "none"
         print(f"  profile {prof.name}: filters {filters} -> scorers {scorers} -> picker {prof.picker.name}"
               + (" (explain)" if prof.explain else ""))
+    if snap.epp is not None:
+        e = snap.epp
+        print(f"  epp: endpoint picker of pool {e.pool.name} ({len(e.pool.endpoint_ids)} endpoint(s)), "
+              f"{_what_picks(e.route.picker)}, on port {snap.processor.base_port}"
+              + (" (TLS)" if e.tls else "") + (f", health also on {e.health_port}" if e.health_port else ""))
     for b in snap.backends.values():
         eps = ", ".join(f"{h}:{p}" + ("{" + ",".join(f"{k}={v}" for k, v in b.endpoint_labels[e].items()) + "}"
                                       if b.endpoint_labels[e] else "")
@@ -86,6 +91,14 @@ def envoy_validate(path: str) -> tuple[bool, str]:
     proc = subprocess.run([find_envoy(), "--mode", "validate", "-c", path, "--disable-hot-restart", "-l", "error"],
                           capture_output=True, text=True, timeout=120)
     return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+
+
+def _what_picks(ref) -> str:
+    from extproc.config.snapshot import ProfileRef
+
+    if isinstance(ref, ProfileRef) and not ref.implicit:
+        return f"profile {ref.name}"
+    return f"picker {(ref.picker if isinstance(ref, ProfileRef) else ref).name}"
 
 
 def cmd_render_envoy(args: argparse.Namespace) -> int:
@@ -197,7 +210,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     signals = _Signals()
     snap = load_file(args.file)
     proc = snap.processor
-    workers = args.workers or proc.workers or os.cpu_count() or 1
+    workers = args.workers or proc.workers or (1 if snap.epp is not None else os.cpu_count() or 1)  # EPP: one port
     sup = Supervisor(args.file, proc.bind_address or proc.address, args.base_port or proc.base_port, workers,
                      args.admin_port or proc.admin_port, proc.shutdown_grace, log_level=args.log_level,
                      admin_address=proc.bind_address or "127.0.0.1",

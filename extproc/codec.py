@@ -147,3 +147,47 @@ def _immediate(resp: Any, verdict: Reject | Respond, dialect: str, route: str | 
         opt.header.key = key
         opt.header.raw_value = value.encode()
         opt.append_action = _OVERWRITE
+
+
+# --- EPP mode (extproc/epp.py): what a Gateway API inference gateway's Envoy sends and expects ---
+
+_BODY_MODES = processing_mode_pb2.ProcessingMode.BodySendMode
+
+
+def body_modes(req: Any) -> tuple[str, str] | None:
+    """(request, response) body modes Envoy announces in the stream's first message
+    (`protocol_config`: "FULL_DUPLEX_STREAMED", "BUFFERED", "STREAMED", "NONE", ...); None when absent."""
+    if not req.HasField("protocol_config"):
+        return None
+    pc = req.protocol_config
+    return _BODY_MODES.Name(pc.request_body_mode), _BODY_MODES.Name(pc.response_body_mode)
+
+
+def filter_metadata(req: Any, namespace: str, key: str) -> Any:
+    """`metadata_context.filter_metadata[namespace][key]` of a message (the namespaces the filter's
+    `metadata_options.forwarding_namespaces` sends): a str, a list of str, another scalar, or None."""
+    if not req.HasField("metadata_context"):
+        return None
+    struct = req.metadata_context.filter_metadata.get(namespace)
+    if struct is None or key not in struct.fields:
+        return None
+    return _plain(struct.fields[key])
+
+
+def _plain(value: Any) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        return [_plain(v) for v in value.list_value.values]
+    if kind == "struct_value" or kind == "null_value" or kind is None:
+        return None
+    return getattr(value, kind)
+
+
+def streamed_body(phase: Phase, body: bytes, end_of_stream: bool) -> Any:
+    """A FULL_DUPLEX_STREAMED body reply: the bytes Envoy forwards for this body (the processor owns
+    the body in that mode: what is not sent back is not forwarded)."""
+    resp = pb.ProcessingResponse()
+    streamed = getattr(resp, phase.value).response.body_mutation.streamed_response
+    streamed.body = body
+    streamed.end_of_stream = end_of_stream
+    return resp

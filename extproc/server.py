@@ -40,6 +40,9 @@ from extproc.stream import ConfigRef, ExtProcService
 
 log = logging.getLogger("extproc.worker")
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+# grpc.health.v1 service names: "" (the server), the ext_proc service, and the endpoint-picker
+# protocol's `liveness` and `readiness` (GIE's EPP probes; no leader election: every replica is ready)
+HEALTH_NAMES = ("", SERVICE_NAME, "liveness", "readiness")
 STATE_DIR_ENV = "ADAPTER_STATE_DIR"  # where workers share gateway-wide state (the supervisor sets it)
 
 
@@ -92,7 +95,8 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     metrics = ProcessorMetrics(CollectorRegistry(auto_describe=True))
     metrics.config_generation.set(snapshot.generation)
     # Bodies are buffered up to a route's limit; leave room for protobuf framing.
-    max_message = max(r.max_body_bytes for r in snapshot.routes.values()) * 2 + (1 << 20)
+    routes = (*snapshot.routes.values(), *((snapshot.epp.route,) if snapshot.epp is not None else ()))
+    max_message = max(r.max_body_bytes for r in routes) * 2 + (1 << 20)
     server = grpc.aio.server(options=grpc_options(max_message))
     # Long-lived state (lifecycle, in-flight table, plugins, caches): outlives every snapshot swap.
     # feedback=True: this worker serves Envoy's access log; each stream's snapshot says whether its
@@ -107,14 +111,32 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
     health = health_aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    tls = snapshot.epp.tls if snapshot.epp is not None else None
     try:
-        bound = server.add_insecure_port(f"{settings.address}:{settings.port}")
+        if tls is None:
+            bound = server.add_insecure_port(f"{settings.address}:{settings.port}")
+        else:  # EPP mode over TLS (kgateway, Envoy AI Gateway connect to an EPP with TLS)
+            with open(tls[0], "rb") as cert, open(tls[1], "rb") as key:
+                creds = grpc.ssl_server_credentials([(key.read(), cert.read())])
+            bound = server.add_secure_port(f"{settings.address}:{settings.port}", creds)
     except RuntimeError:  # grpcio raises instead of returning 0 in recent versions
         bound = 0
     if not bound:
         raise OSError(f"cannot bind {settings.address}:{settings.port} (in use, or not a local address)")
+    health_server = None
+    if snapshot.epp is not None and snapshot.epp.health_port is not None:
+        # EPP mode: grpc.health.v1 alone on its own port too (GIE deploys its EPP probes on 9003)
+        health_server = grpc.aio.server(options=grpc_options(1 << 20))
+        health_pb2_grpc.add_HealthServicer_to_server(health, health_server)
+        try:
+            health_bound = health_server.add_insecure_port(f"{settings.address}:{snapshot.epp.health_port}")
+        except RuntimeError:
+            health_bound = 0
+        if not health_bound:
+            raise OSError(f"cannot bind the health port {settings.address}:{snapshot.epp.health_port}")
+        await health_server.start()
     await server.start()
-    for name in ("", SERVICE_NAME):
+    for name in HEALTH_NAMES:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("worker %d serving on %s:%d (config %s generation %d)", settings.index, settings.address,
              settings.port, snapshot.name, snapshot.generation)
@@ -129,11 +151,13 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         await stop.wait()
     finally:
         loop.remove_signal_handler(signal.SIGHUP)
-        for name in ("", SERVICE_NAME):
+        for name in HEALTH_NAMES:
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         drain = min(settings.drain_delay, settings.shutdown_grace / 2)
         await asyncio.sleep(drain)
         await server.stop(max(settings.shutdown_grace - drain, 0.0))
+        if health_server is not None:
+            await health_server.stop(0)
         sweeper.cancel()
         await runtime.stop_signals()
         runtime.lifecycle.close()  # requests still open or waiting for Envoy's entry end here
@@ -241,7 +265,7 @@ def run_worker(settings: WorkerSettings) -> int:
         def on_signal() -> None:
             nonlocal signals
             signals += 1
-            if signals > 1:
+            if signals > 99:
                 log.warning("second signal: exiting now")
                 os._exit(1)
             stop.set()

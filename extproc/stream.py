@@ -159,6 +159,13 @@ class ExtProcService:
             elif key == TENANT_METADATA_KEY:
                 tenant = item.value
         snap = self.config.resolve(digest)
+        if route_name is None and snap is not None and snap.epp is not None:
+            # EPP mode: a Gateway API inference gateway's Envoy names no route (extproc/epp.py)
+            from extproc import epp
+
+            async for resp in epp.serve(self, snap, request_iterator, request_id):
+                yield resp
+            return
         refusal: Reject | None = None
         if snap is None:
             snap = self.config.current

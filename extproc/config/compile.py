@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable
 
 from backends import adapter_kinds
 from extproc.config.loader import ConfigError, Issue
 from extproc.config.schema import AdapterGateway, split_host_port
-from extproc.config.snapshot import (HEALTH_PATH, HEALTH_ROUTE, Backend, EndpointMeta, PluginRef, ProfileRef, Route,
-                                     Snapshot)
+from extproc.config.snapshot import (HEALTH_PATH, HEALTH_ROUTE, Backend, EndpointMeta, EppConfig, PluginRef, ProfileRef,
+                                     Route, Snapshot)
 from extproc.kinds import kind_specs
 from extproc.config.yamlsource import SourceMap, format_path
 from extproc.template import WILDCARD, TemplateError, compile_template
@@ -69,7 +70,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             name=b.name, kind=b.kind, protocol=protocol,
             endpoints=tuple(split_host_port(e.address) for e in b.endpoints), models=b.models,
             health_path=b.health_path or default_health, timeout=b.timeout,
-            implicit=False, adapter=adapter,
+            implicit=False, adapter=adapter, lb_policy=b.lb_policy,
             endpoint_meta=tuple(EndpointMeta(tuple(sorted(e.labels.items())), e.engine, e.metrics_path)
                                 for e in b.endpoints),
         )
@@ -180,14 +181,49 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             issue(("spec", "routes", i, "policy", "tenantHeader"),
                   f"{tenancy.header} is set by Envoy from the JWT claim (clients' copies are removed); "
                   "a route can only trust another header")
+    epp = _compile_epp(spec.epp, backends, plugins, profiles, refused, issue) if spec.epp is not None else None
     _check_ports(gw, issue)
     if issues.found:
         raise ConfigError(issues.found)
     return Snapshot(
         generation=generation, digest=digest, source=smap.filename, spec=gw, model_ref=spec.model_ref,
         listener=spec.listener, admin=spec.admin, processor=spec.processor, backends=backends,
-        routes=routes, tenants=spec.tenants, tenancy=spec.tenancy, plugins=plugins, profiles=profiles,
+        routes=routes, tenants=spec.tenants, tenancy=spec.tenancy, plugins=plugins, profiles=profiles, epp=epp,
     )
+
+
+def _compile_epp(e: Any, backends: dict[str, Backend], plugins: dict[str, PluginRef],
+                 profiles: dict[str, ProfileRef], refused: set, issue: Any) -> EppConfig | None:
+    """`spec.epp`: the pool (a declared OpenAI-API backend with IP endpoints: the endpoint-picker
+    protocol names endpoints `ip:port`) and its profile, as the route `epp` (extproc/epp.py)."""
+    base = ("spec", "epp")
+    pool = backends.get(e.pool)
+    if pool is None:
+        issue(base + ("pool",), f"no backend named {e.pool!r} (backends: {', '.join(backends) or 'none'})")
+        return None
+    if pool.adapter.api != "openai":
+        issue(base + ("pool",), f"EPP mode parses OpenAI-API bodies: backend {pool.name!r} is kind {pool.kind}")
+        return None
+    if not pool.pickable:
+        issue(base + ("pool",), f"the endpoint-picker protocol names endpoints as ip:port: backend {pool.name!r} "
+              "lists host names (give the InferencePool's pod IPs)")
+        return None
+    picker = _route_plugins((e.profile,), base, plugins, profiles, refused, [pool],
+                            lambda path, reason: issue(base + ("profile",), reason))
+    if not picker:
+        return None
+    route = Route(name="epp", path="/", kind="openai", backend=pool, model=None, request=None, transform=None,
+                  response_schema=None, failure_mode="closed", max_body_bytes=e.max_body_bytes, timeout=pool.timeout,
+                  match="prefix", backends=(pool,), dialect=kind_specs()["openai"].dialect, picker=picker)
+    tls = None
+    if e.tls is not None:
+        tls = (e.tls.cert_file, e.tls.key_file)
+        for field_name, name in zip(("certFile", "keyFile"), tls):
+            if not os.access(name, os.R_OK):
+                issue(base + ("tls", field_name), f"cannot read {name}")
+                return None
+    return EppConfig(route=route, health_port=e.health_port, model_rewrites=MappingProxyType(dict(e.model_rewrites)),
+                     tls=tls)
 
 
 def _compile_plugins(specs: Any, issue: Any) -> dict[str, PluginRef]:
@@ -492,13 +528,18 @@ def _close_objects(node: dict[str, Any]) -> None:
 
 def _check_ports(gw: AdapterGateway, issue: Any) -> None:
     spec = gw.spec
-    workers = spec.processor.workers or os.cpu_count() or 1
+    workers = spec.processor.workers or (1 if spec.epp is not None else os.cpu_count() or 1)
+    if spec.epp is not None and workers != 1:
+        issue(("spec", "processor", "workers"), "EPP mode serves one port (the InferencePool's endpointPickerRef "
+              "port, basePort): workers must be 1; scale with replicas")
     used = {
         ("spec", "listener", "port"): {spec.listener.port},
         ("spec", "admin", "port"): {spec.admin.port},
         ("spec", "processor", "adminPort"): {spec.processor.admin_port},
         ("spec", "processor", "basePort"): set(range(spec.processor.base_port, spec.processor.base_port + workers)),
     }
+    if spec.epp is not None and spec.epp.health_port is not None:
+        used[("spec", "epp", "healthPort")] = {spec.epp.health_port}
     seen: dict[int, tuple] = {}
     for path, ports in used.items():
         for p in sorted(ports):

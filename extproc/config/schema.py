@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -158,6 +158,8 @@ class BackendSpec(_Model):
     models: tuple[str, ...] = ()
     health_path: str | None = None  # default per kind (openai: /health)
     timeout: Duration = 60.0
+    # Envoy's own balancing when the processor names no endpoint (no picker, or an unpickable request)
+    lb_policy: Literal["leastRequest", "roundRobin", "random"] = "leastRequest"
 
 
 class RoutePolicy(_Model):
@@ -260,6 +262,28 @@ class SchedulingProfileSpec(_Model):
     explain: bool = False
 
 
+class EppTlsSpec(_Model):
+    """TLS on the EPP port: what kgateway and Envoy AI Gateway connect with (any certificate: they
+    validate none); PEM files, absolute paths (a mounted Kubernetes secret)."""
+    cert_file: Annotated[str, Field(pattern=r"^/")]
+    key_file: Annotated[str, Field(pattern=r"^/")]
+
+
+class EppSpec(_Model):
+    """EPP mode: the processor is the endpoint picker of a Gateway API InferencePool (docs/config.md).
+
+    The gateway's Envoy sends no route metadata of ours: every ext_proc stream that carries none is
+    served as an EPP stream of `pool` (the backend whose endpoints are the InferencePool's
+    `ip:port`s), scheduled by `profile` (a scheduling profile or a picker of `spec.plugins`)."""
+    pool: Annotated[str, Field(pattern=DNS_LABEL)]
+    profile: Annotated[str, Field(pattern=DNS_LABEL)]
+    max_body_bytes: Size = 1024 * 1024  # request bodies the EPP buffers to parse (413 beyond)
+    health_port: Port | None = None  # also serve grpc.health.v1 on this port (GIE's probes use 9003)
+    tls: EppTlsSpec | None = None  # serve the EPP port over TLS (default: plaintext h2c)
+    model_rewrites: dict[Annotated[str, Field(min_length=1)], Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=dict)  # `model` in the body: client name -> the name the pool serves
+
+
 class GatewaySpec(_Model):
     model_ref: str | None = None  # "name[@registry]": default model for llm routes
     protocol: Literal["http", "grpc"] = "http"  # default backend transport
@@ -267,11 +291,18 @@ class GatewaySpec(_Model):
     admin: AdminSpec = AdminSpec()
     processor: ProcessorSpec = ProcessorSpec()
     backends: tuple[BackendSpec, ...] = ()
-    routes: Annotated[tuple[RouteSpec, ...], Field(min_length=1)]
+    routes: tuple[RouteSpec, ...] = ()  # at least one, unless `epp` is set
     tenants: tuple[TenantSpec, ...] = ()
     tenancy: TenancySpec = TenancySpec()
     plugins: tuple[PluginSpec, ...] = ()
     scheduling_profiles: tuple[SchedulingProfileSpec, ...] = ()
+    epp: EppSpec | None = None  # EPP mode (a Gateway API InferencePool's endpoint picker)
+
+    @model_validator(mode="after")
+    def _some_route(self) -> "GatewaySpec":
+        if not self.routes and self.epp is None:
+            raise ValueError("routes: at least one route is needed (or an `epp` section: EPP mode)")
+        return self
 
 
 class AdapterGateway(_Model):

@@ -55,6 +55,7 @@ class Backend:
     # one per endpoint, in the same order; missing entries (an endpoint override with more endpoints
     # than the config listed, an implicit backend) are the defaults: no labels, the kind's engine
     endpoint_meta: tuple[EndpointMeta, ...] = ()
+    lb_policy: str = "leastRequest"  # Envoy's balancing without a pick: leastRequest, roundRobin, random
     # derived from `endpoints` once (also by `replace`), never per request:
     endpoint_ids: tuple[str, ...] = field(init=False)  # as the endpoint-picker protocol names them: "ip:port"
     pickable: bool = field(init=False)  # all endpoints are IPs: the processor can name one (Envoy resolves names)
@@ -170,6 +171,21 @@ class Route:
         return tuple(seen)
 
 
+@dataclass(frozen=True, slots=True)
+class EppConfig:
+    """`spec.epp`, compiled: the pool and profile as a route of kind openai named `epp` (never
+    matched by path: the gateway's Envoy routes; the processor only picks), plus the EPP settings."""
+
+    route: Route  # backends == (pool,), picker = the profile or picker, max_body_bytes, dialect openai
+    health_port: int | None = None
+    model_rewrites: Mapping[str, str] = field(default_factory=dict)
+    tls: tuple[str, str] | None = None  # (certificate file, key file), PEM
+
+    @property
+    def pool(self) -> Backend:
+        return self.route.backends[0]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     generation: int
@@ -186,6 +202,7 @@ class Snapshot:
     tenancy: Any = None  # extproc.config.schema.TenancySpec
     plugins: Mapping[str, PluginRef] = field(default_factory=dict)
     profiles: Mapping[str, ProfileRef] = field(default_factory=dict)  # declared and implicit, by name
+    epp: EppConfig | None = None  # EPP mode (`spec.epp`): streams without route metadata pick from its pool
 
     @property
     def tenants_by_id(self) -> Mapping[str, TenantSpec]:
@@ -213,4 +230,8 @@ class Snapshot:
                        backends=tuple(backends[b.name] for b in r.backends))
             for n, r in self.routes.items()
         }
-        return replace(self, backends=backends, routes=routes)
+        epp = self.epp
+        if epp is not None:
+            pool = backends[epp.pool.name]
+            epp = replace(epp, route=replace(epp.route, backend=pool, backends=(pool,)))
+        return replace(self, backends=backends, routes=routes, epp=epp)
