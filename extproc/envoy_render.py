@@ -17,8 +17,8 @@ What the generated config does:
   backend (HTTP/1.1 for `protocol: http`, HTTP/2 for `grpc`);
 - backend clusters pick the endpoint the processor names (GIE endpoint-picker protocol: header
   `x-gateway-destination-endpoint`, else dynamic metadata `envoy.lb`, `ip:port[,ip:port...]`) with
-  the override_host load-balancing policy, least request without a pick; clients cannot send the
-  header (stripped early);
+  the override_host load-balancing policy, the backend's `lbPolicy` without a pick (least request
+  by default); clients cannot send the header (stripped early);
 - one gRPC access logger per worker sends each worker the log entries of the requests it served
   (dynamic metadata `adapter.worker`), to cluster `adapter_als_<i>` (that worker's gRPC server);
 - every route sends the config digest (`x-adapter-config-digest`) with its gRPC initial metadata,
@@ -246,10 +246,19 @@ def als_clusters(snap: Snapshot, workers: int) -> list[dict[str, Any]]:
     } for i in range(workers)]
 
 
-def _override_host_policy() -> dict[str, Any]:
+# Envoy's load-balancing extension for each `backends[].lbPolicy` (the override-host fallback)
+FALLBACK_POLICIES = {
+    "leastRequest": ("envoy.load_balancing_policies.least_request", "least_request.v3.LeastRequest"),
+    "roundRobin": ("envoy.load_balancing_policies.round_robin", "round_robin.v3.RoundRobin"),
+    "random": ("envoy.load_balancing_policies.random", "random.v3.Random"),
+}
+
+
+def _override_host_policy(fallback: str = "leastRequest") -> dict[str, Any]:
     """Endpoint picks by the processor (GIE endpoint-picker protocol): the header, else the
     `envoy.lb` metadata, names `ip:port[,ip:port...]`; only endpoints of the cluster count, later
-    entries are fallbacks; without a usable pick, least request."""
+    entries are fallbacks; without a usable pick, the backend's `lbPolicy` (least request by default)."""
+    name, typ = FALLBACK_POLICIES[fallback]
     return {"policies": [{"typed_extension_config": {
         "name": "envoy.load_balancing_policies.override_host",
         "typed_config": {
@@ -259,9 +268,8 @@ def _override_host_policy() -> dict[str, Any]:
                 {"metadata": {"key": LB_METADATA_NAMESPACE, "path": [{"key": DESTINATION_HEADER}]}},
             ],
             "fallback_policy": {"policies": [{"typed_extension_config": {
-                "name": "envoy.load_balancing_policies.least_request",
-                "typed_config": {
-                    "@type": _T + "envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"},
+                "name": name,
+                "typed_config": {"@type": _T + "envoy.extensions.load_balancing_policies." + typ},
             }}]},
         },
     }}]}
@@ -286,7 +294,7 @@ def backend_cluster(b: Backend, eds_config: dict[str, Any] | None = None) -> dic
         "name": b.cluster,
         "type": "EDS" if eds_config is not None else ("STATIC" if all_ips else "STRICT_DNS"),
         "connect_timeout": "2s",
-        "load_balancing_policy": _override_host_policy(),
+        "load_balancing_policy": _override_host_policy(b.lb_policy),
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",

@@ -158,6 +158,7 @@ def plugin_types() -> Mapping[str, type]:
     from extproc.scheduling.rtt_scorer import RttScorer
     from extproc.scheduling.saturation_filter import SaturationFilter
     from extproc.scheduling.score_route_scorer import ScoreRouteScorer
+    from extproc.scheduling.simulator_oracle_scorer import SimulatorOracleScorer  # benchmark only
     from extproc.scheduling.tenant_pool_filter import TenantPoolFilter
     from extproc.scheduling.ttft_headroom_scorer import TtftHeadroomScorer
     from extproc.scheduling.weighted_random_picker import WeightedRandomPicker
@@ -166,7 +167,8 @@ def plugin_types() -> Mapping[str, type]:
         LabelFilter, SaturationFilter, HealthFilter, InFlightScorer, QueueScorer, KVCacheUtilizationScorer,
         PrefixCacheScorer, LoraAffinityScorer, MaxScorePicker, WeightedRandomPicker, RandomPicker, LeastInFlight,
         PinnedEndpoint,
-        ModelVersionFilter, TenantPoolFilter, IntentFilter, ScoreRouteScorer, RttScorer, TtftHeadroomScorer)})
+        ModelVersionFilter, TenantPoolFilter, IntentFilter, ScoreRouteScorer, RttScorer, TtftHeadroomScorer,
+        SimulatorOracleScorer)})
 
 
 __all__ = ["plugin_types", "Parameters", "Plugin", "SchedulingContext", "NoCapacity", "Filter", "Scorer",
