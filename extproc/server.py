@@ -265,7 +265,7 @@ def run_worker(settings: WorkerSettings) -> int:
         def on_signal() -> None:
             nonlocal signals
             signals += 1
-            if signals > 99:
+            if signals > 1:
                 log.warning("second signal: exiting now")
                 os._exit(1)
             stop.set()
