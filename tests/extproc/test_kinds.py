@@ -162,10 +162,12 @@ def test_default_kind_is_llm_with_templates_and_passthrough_without():
     assert s.routes["b"].pipeline.phases == frozenset({RH})
 
 
-async def test_an_openai_route_dispatches_at_request_headers_only_a_request_without_body(snap):
+async def test_an_openai_route_dispatches_at_request_headers_only_a_request_without_body():
     from extproc.runtime import Runtime
     from extproc.types import CONTINUE, HttpMessage, Mutate, RequestState
 
+    routes = "  routes:\n    - {path: /v1/, match: prefix, name: openai, kind: openai, target: llm}\n"
+    snap = load_text(CONFIG.split("  routes:\n")[0] + routes)  # built here, not by the module fixture
     route = route_of(snap, "openai")
     runtime = Runtime()
     runtime.install(snap)

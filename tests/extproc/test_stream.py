@@ -635,9 +635,11 @@ async def test_routing_hint_headers_of_the_request_are_kept_for_the_plugins():
     seq[0].request_headers.headers.headers.add(key="x-task-intent", raw_value=b"summarize")
     seq[0].request_headers.headers.headers.add(key="x-slo-ttft-ms", raw_value=b"")
     seq[2].response_headers.headers.headers.add(key="x-task-intent", raw_value=b"from-the-backend")
-    await run(svc, [("x-adapter-route", "v1-analyze")], seq)
+    trailers = type(seq[0])()
+    trailers.response_trailers.trailers.headers.add(key="x-slo-ttft-ms", raw_value=b"9")
+    await run(svc, [("x-adapter-route", "v1-analyze")], seq + [trailers])
     attrs = states[0][0].attrs
     assert (attrs["x-task-intent"], attrs["x-slo-ttft-ms"]) == ("summarize", "")
     svc, _, states = feedback_service(feedback=False)
-    await run(svc, [("x-adapter-route", "v1-analyze")], recorded(LLM))
-    assert not set(HINT_HEADERS) & set(states[0][0].attrs)
+    await run(svc, [("x-adapter-route", "v1-analyze")], recorded(LLM)[:2] + [trailers])
+    assert not set(HINT_HEADERS) & set(states[0][0].attrs)  # trailers are not request headers

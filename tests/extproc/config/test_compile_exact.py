@@ -176,24 +176,26 @@ def test_a_valid_file_compiles_into_exactly_these_backends_and_routes():
         # a host:port target: an implicit openai backend named after the host, the route's timeout, spec.protocol
         "host-example": ("openai", "grpc", (("Host.Example", 8080),), (), "/health", 9.0, True, "OpenAIAdapter"),
     }
-    routes = {n: (r.path, r.kind, r.backend and r.backend.name, r.model, r.max_body_bytes, r.timeout, r.failure_mode,
+    assert all(r.tools is None and r.mapping is None for r in s.routes.values())
+    assert (s.tenancy.source, s.tenancy.header) == ("header", "x-tenant-id")
+    routes = {n: (r.name, r.path, r.kind, r.backend and r.backend.name, r.model, r.max_body_bytes, r.timeout, r.failure_mode,
                   r.match, r.tenant_header, tuple(b.name for b in r.backends), r.dialect, r.response_schema,
                   r.request is not None, r.transform is not None) for n, r in s.routes.items()}
     assert routes == {
-        "v1-chat-now": ("/V1/Chat--Now/", "llm", "llm", "qwen", 1048576, 60.0, "closed", "exact", None, ("llm",),
+        "v1-chat-now": ("v1-chat-now", "/V1/Chat--Now/", "llm", "llm", "qwen", 1048576, 60.0, "closed", "exact", None, ("llm",),
                         "adapter", OBJECT_A, False, True),
-        "v1": ("/v1/", "openai", "llm", "qwen", 2048, 3.0, "open", "prefix", "x-t", ("llm",), "openai", None, False, False),
-        "v2": ("/v2", "kserve", "tri", "qwen", 1048576, 60.0, "closed", "prefix", None, ("tri", "trih"), "kserve", None,
+        "v1": ("v1", "/v1/", "openai", "llm", "qwen", 2048, 3.0, "open", "prefix", "x-t", ("llm",), "openai", None, False, False),
+        "v2": ("v2", "/v2", "kserve", "tri", "qwen", 1048576, 60.0, "closed", "prefix", None, ("tri", "trih"), "kserve", None,
                False, False),
-        "imp": ("/imp", "passthrough", "host-example", "qwen", 1048576, 9.0, "closed", "exact", None, ("host-example",),
+        "imp": ("imp", "/imp", "passthrough", "host-example", "qwen", 1048576, 9.0, "closed", "exact", None, ("host-example",),
                 "adapter", None, False, False),
-        "imp-again": ("/imp2", "passthrough", "host-example", "qwen", 1048576, 60.0, "closed", "exact", None,
+        "imp-again": ("imp-again", "/imp2", "passthrough", "host-example", "qwen", 1048576, 60.0, "closed", "exact", None,
                       ("host-example",), "adapter", None, False, False),
-        "m": ("/m", "tensor", "tri", "qwen", 1048576, 60.0, "closed", "exact", None, ("tri",), "adapter",
+        "m": ("m", "/m", "tensor", "tri", "qwen", 1048576, 60.0, "closed", "exact", None, ("tri",), "adapter",
               {"type": "object", "properties": {"p": {}}, "required": ["p"], "additionalProperties": False}, True, True),
-        "own": ("/own", "llm", "llm", "mine", 1048576, 60.0, "closed", "exact", None, ("llm",), "adapter", OBJECT_A,
+        "own": ("own", "/own", "llm", "llm", "mine", 1048576, 60.0, "closed", "exact", None, ("llm",), "adapter", OBJECT_A,
                 False, True),
-        "adapter-health": ("/health/adapter", "health", None, None, 4096, 5.0, "closed", "exact", None, (), "adapter",
+        "adapter-health": ("adapter-health", "/health/adapter", "health", None, None, 4096, 5.0, "closed", "exact", None, (), "adapter",
                            None, False, False),
     }
     assert s.routes["imp"].backend is s.routes["imp-again"].backend is s.backends["host-example"]
@@ -218,6 +220,7 @@ def test_model_name(ref, name):
 @pytest.mark.parametrize("path, name", [
     ("/v1/chat/completions", "v1-chat-completions"), ("/V1/Chat--Now/", "v1-chat-now"), ("/", "root"),
     ("/a_b.c", "a-b-c"), ("/" + "x" * 62 + "/y", "x" * 62), ("/" + "x" * 70, "x" * 63), ("/--/", "root"),
+    ("/X", "x"), ("/Xa/", "xa"),
 ])
 def test_route_name_from_path(path, name):
     assert route_name_from_path(path) == name
@@ -288,3 +291,64 @@ def test_without_workers_the_processor_ports_span_the_cpu_count():
     assert issues(text.replace("ADMIN", str(15051 + n - 1))) == [
         (5, "spec.processor.basePort", f"port {15051 + n - 1} is also used by spec.processor.adminPort")]
     assert load_text(text.replace("ADMIN", str(15051 + n))).processor.admin_port == 15051 + n
+
+
+def test_compile_snapshot_alone_reads_files_relative_to_the_config_and_defaults_generation_and_digest(tmp_path):
+    import shutil
+
+    from extproc.config.compile import compile_snapshot
+    from extproc.config.loader import parse_text
+    from tests.conftest import DATA
+
+    shutil.copy(DATA / "openapi" / "petstore.yaml", tmp_path / "pets.yaml")
+    text = HEAD + ("  backends: [{name: svc, kind: rest, endpoints: ['127.0.0.1:9']}]\n  routes:\n"
+                   "    - {path: /t, kind: tool, target: svc, openapi: pets.yaml}\n"
+                   f"    - {{path: /u, kind: tool, target: svc, openapi: {tmp_path / 'pets.yaml'}}}\n")
+    s = compile_snapshot(*parse_text(text, str(tmp_path / "gateway.yaml")))
+    assert (s.generation, s.digest) == (1, "")
+    assert s.routes["t"].tools.tools and s.routes["u"].tools.tools
+    with pytest.raises(ConfigError) as e:
+        compile_snapshot(*parse_text(text, str(tmp_path / "elsewhere" / "gateway.yaml")))
+    assert [i.path for i in e.value.issues] == ["spec.routes[0].openapi"]  # not next to that file; the absolute one is
+
+
+def test_a_route_with_a_fault_is_not_checked_further_and_the_next_route_is():
+    text = HEAD + ("  backends: [{name: llm, endpoints: ['127.0.0.1:9'], models: [m]}]\n  routes:\n"
+                   "    - {path: /a, plugins: [nope], transform: '{\"x\": ]'}\n"
+                   "    - {path: /b, request: '{\"x\": ]', outputSchema: {type: array}}\n"
+                   "    - {path: /c, transform: '{\"x\": $.output.x}', outputSchema: {type: array}}\n")
+    got = [(path, reason.split(" (")[0] if path.endswith("plugins[0]") else reason[:15]) for _, path, reason in issues(text)]
+    assert got == [("spec.routes[0].plugins[0]", "no plugin or scheduling profile named 'nope'"),
+                   ("spec.routes[1].request", "template error "),
+                   ("spec.routes[2].outputSchema", "must be a JSON ")]
+
+
+def test_an_output_schema_without_a_type_is_an_object_schema():
+    s = load_text(HEAD + "  backends: [{name: llm, endpoints: ['127.0.0.1:9'], models: [m]}]\n"
+                  "  routes: [{path: /a, transform: '{\"x\": $.output.x}', outputSchema: {properties: {x: {type: integer}}}}]\n")
+    assert s.routes["a"].response_schema == {"properties": {"x": {"type": "integer"}}}
+
+
+def test_an_implicit_backend_is_reused_only_for_the_same_endpoint_and_never_over_a_declared_one():
+    text = HEAD + ("  backends: [{name: host-a, endpoints: ['host.a:8000']}]\n  routes:\n"
+                   "    - {path: /a, target: 'host.a:8000'}\n"
+                   "    - {path: /b, target: '10.0.0.1:80'}\n    - {path: /c, target: '10.0.0.1:81'}\n")
+    assert issues(text) == [
+        (7, "spec.routes[0].target", "target 'host.a:8000' would define implicit backend 'host-a', which already exists "
+                                     "with other endpoints; refer to the backend by name instead"),
+        (9, "spec.routes[2].target", "target '10.0.0.1:81' would define implicit backend '10-0-0-1', which already "
+                                     "exists with other endpoints; refer to the backend by name instead")]
+
+
+def test_a_pipeline_that_cannot_be_built_is_reported_at_the_route_and_the_route_kept():
+    from extproc.config.compile import _with_pipeline
+    from extproc.pipeline import PipelineError
+
+    s = load_text(HEAD + "  routes: [{path: /a, target: '127.0.0.1:1'}]\n")
+    route, found = s.routes["a"], []
+
+    def broken(r):
+        raise PipelineError(f"stage of {r.name} is malformed")
+
+    assert _with_pipeline(route, broken, ("spec", "routes", 0), lambda path, reason: found.append((path, reason))) is route
+    assert found == [(("spec", "routes", 0), "stage of a is malformed")]
