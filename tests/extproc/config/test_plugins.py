@@ -41,10 +41,32 @@ def line(text: str, needle: str, nth: int = 0) -> int:
 
 
 def test_unknown_plugin_type_lists_the_known_ones():
+    from extproc.scheduling import plugin_types
+
+    known = sorted(plugin_types())
+    assert {"least-in-flight", "pinned-endpoint", "max-score-picker", "queue-scorer"} <= set(known)
     text = config("    - name: p\n      type: round-robin\n")
     assert issues(text) == [f"cfg.yaml:{line(text, 'type: round-robin')}: spec.plugins[0].type: unknown plugin type "
-                            "'round-robin' (known: in-flight-scorer, label-filter, least-in-flight, max-score-picker, "
-                            "pinned-endpoint, random-picker, weighted-random-picker)"]
+                            f"'round-robin' (known: {', '.join(known)})"]
+
+
+def test_every_plugin_module_is_registered():
+    """A plugin file whose class is missing from plugin_types() would be unusable from the config."""
+    import importlib
+    import pkgutil
+
+    import extproc.scheduling as pkg
+    from extproc.scheduling import Plugin, plugin_types
+
+    registered = set(plugin_types().values())
+    found = set()
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        m = importlib.import_module(f"extproc.scheduling.{mod.name}")
+        for obj in vars(m).values():
+            if isinstance(obj, type) and issubclass(obj, Plugin) and obj is not Plugin \
+                    and obj.__module__ == m.__name__ and isinstance(getattr(obj, "type", None), str):
+                found.add(obj)
+    assert found and found <= registered, sorted(c.type for c in found - registered)
 
 
 def test_unknown_parameter_names_its_path():
