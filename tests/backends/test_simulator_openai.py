@@ -255,20 +255,28 @@ def test_raw_sse_framing(fast_sim: Simulator) -> None:
 
 
 def test_stream_chunks_arrive_incrementally(paced_sim: Simulator) -> None:
+    """Each chunk reaches the client while the simulator is still decoding the rest: read at the
+    first and the tenth content chunk, its token counter is below the answer's 50 tokens and the
+    request still runs. Were the response buffered, the first chunk would arrive after the last
+    token (50 tokens at 50 tokens/s: about a second later)."""
     client = paced_sim.client()
     client.models.list()  # warm the client and its connection up
-    start = time.monotonic()
-    arrivals = []
+    generated = lambda: _sample(_metrics(paced_sim), "vllm:generation_tokens_total",  # noqa: E731
+                                model_name=BASE_MODEL)
+    before = generated()
+    seen: dict[int, tuple[float, float]] = {}  # content chunk -> (tokens generated so far, requests running)
+    content = 0
     stream = client.chat.completions.create(
-        model=BASE_MODEL, messages=_user("count to twenty"), max_tokens=20, stream=True)
+        model=BASE_MODEL, messages=_user("count to fifty"), max_tokens=50, stream=True)
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
-            arrivals.append(time.monotonic() - start)
-    assert len(arrivals) == 20
-    # 50 tokens/s: the last token is ~19 decode steps after the first.  Were the
-    # response buffered, all chunks would arrive together.
-    assert arrivals[0] < arrivals[-1] / 4
-    assert arrivals[10] - arrivals[0] > (arrivals[-1] - arrivals[0]) / 4
+            content += 1
+            if content in (1, 10):
+                seen[content] = (generated() - before, _gauge(paced_sim, "vllm:num_requests_running"))
+    assert content == 50
+    for index, (tokens, running) in seen.items():
+        assert index <= tokens < 50 and running == 1, (index, tokens, running)
+    assert seen[10][0] > seen[1][0]  # decoding went on between the two reads
 
 
 # -- structured output ----------------------------------------------------------
@@ -528,10 +536,8 @@ def test_cli_ready_line_and_sigterm_exit(tmp_path: Path) -> None:
         assert match, "unexpected readiness line"
         port = int(match.group(1))
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"][0]["id"] == "m1"
-        sent = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=5) == 0
-        assert time.monotonic() - sent < 2
+        assert process.wait() == 0  # one signal, a clean exit (a hang fails on the test's timeout)
     finally:
         if process.poll() is None:
             process.kill()

@@ -6,8 +6,6 @@ so a streamed answer takes about a second to produce and the timing of its chunk
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
@@ -71,22 +69,27 @@ def test_unknown_model_is_a_404_the_client_understands(client):
     assert "gpt-9" in str(e.value) and "llama-3-8b" in str(e.value)
 
 
+def backend_decoded(stack, backend: str) -> float:
+    """The simulator's own count of the tokens it has decoded so far (all its models)."""
+    return scrape(f"http://127.0.0.1:{stack.simulators[backend][1]}/metrics").total("vllm:generation_tokens_total")
+
+
 def test_stream_arrives_chunk_by_chunk_and_usage_is_counted(stack, client):
     before = metric(stack, "adapter_processor_tokens_total", backend="vllm-general", model="llama-3-8b",
                     type="completion", **TOKENS)
-    started = time.perf_counter()
-    arrivals, text = [], ""
+    decoded0 = backend_decoded(stack, "vllm-general")
+    text, decoded_at_first = "", None
     stream = client.chat.completions.create(model="llama-3-8b", messages=[{"role": "user", "content": "tell"}],
                                             max_tokens=40, stream=True)
     for chunk in stream:
-        arrivals.append(time.perf_counter() - started)
-        if chunk.choices:
-            text += chunk.choices[0].delta.content or ""
-        else:
+        if not chunk.choices:
             pytest.fail("a usage-only chunk reached a client that did not ask for it")
-    total = arrivals[-1]
-    # 40 tokens at 40 tokens/s: the first token arrives long before the backend produced the last
-    assert total > 0.6 and arrivals[1] < total / 4, arrivals
+        text += chunk.choices[0].delta.content or ""
+        if text and decoded_at_first is None:
+            decoded_at_first = backend_decoded(stack, "vllm-general") - decoded0
+    # the first token reached the client through Envoy and the processor while the backend was still
+    # decoding the rest (40 tokens at 40 tokens/s); a buffered stream would arrive after all 40
+    assert decoded_at_first is not None and 1 <= decoded_at_first < 40, decoded_at_first
     assert len(text.split()) == 40
     counted = metric_after(stack, "adapter_processor_tokens_total", before + 40, backend="vllm-general",
                            model="llama-3-8b", type="completion", **TOKENS) - before
@@ -141,10 +144,10 @@ def test_stream_ended_early_by_the_backend_becomes_an_error_event_and_a_clean_en
 
 
 def test_connection_reset_mid_stream_fails_fast_and_the_gateway_keeps_serving(stack, client):
-    started = time.perf_counter()
-    with pytest.raises((openai.APIError, httpx.HTTPError)):
+    with pytest.raises((openai.APIError, httpx.HTTPError)) as e:
         for _ in _chat_stream(client, "reset-after=3"):
             pass
-    assert time.perf_counter() - started < 10  # nothing hangs
+    # the reset reached the client as an error, not as the client's own 30 s read timeout (a hang)
+    assert not isinstance(e.value, (openai.APITimeoutError, httpx.TimeoutException)), repr(e.value)
     r = client.chat.completions.create(model="llama-3-8b", messages=[{"role": "user", "content": "x"}], max_tokens=1)
     assert r.choices[0].message.content

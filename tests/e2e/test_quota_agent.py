@@ -1,8 +1,10 @@
 """Admission control with the real tenant agent: a CPU burner in a tenant's cgroup gets it 429s.
 
 Needs root (the agent creates cgroups); it uses eBPF when BCC loads, else the agent's polling
-fallback. The agent's window is 1 s: 429s must start within two windows of the tenant going over
-its quota, and stop within two windows of it recovering, while another tenant is unaffected.
+fallback. 429s must start within two of the agent's windows of the tenant going over its quota, and
+stop within two windows (and a half) of it recovering, while another tenant is unaffected. Windows
+are counted in the agent's own publications (a snapshot every `interval`, `window / interval` of them
+per window), not in seconds: on a busy machine the agent and the gateway slow down together.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import pytest
 from tests.promtext import wait_samples
 
 pytestmark = pytest.mark.e2e
-WINDOW = 1.0
 MARKER = f"agw-burner-{os.getpid()}"  # the burner's command line names it; the config's pattern finds it
 
 if os.geteuid() != 0:
@@ -60,18 +61,27 @@ def ask(stack, team: str) -> httpx.Response:
     return r
 
 
-def wait_for(stack, team: str, status: int, limit: float) -> float:
-    started = time.monotonic()
-    while time.monotonic() - started < limit:
+def wait_for(stack, reader, team: str, status: int, limit: int) -> int:
+    """Ask until the answer is `status`; returns how many snapshots the agent published from the call
+    until the request that got it was sent. Fails past `limit` publications (or, should the agent
+    stop publishing, after 60 s)."""
+    start = reader.current().generation
+    hang = time.monotonic() + 60
+    while True:
+        sent_at = reader.current().generation
         if ask(stack, team).status_code == status:
-            return time.monotonic() - started
+            return sent_at - start
+        assert sent_at - start <= limit and time.monotonic() < hang, \
+            f"tenant {team} did not get {status} within {limit} agent publications"
         time.sleep(0.05)
-    pytest.fail(f"tenant {team} did not get {status} within {limit}s")
 
 
 def test_over_quota_tenant_is_refused_and_recovers(stack):
     from ebpf.cgroups import CgroupManager
+    from ebpf.snapshot import SnapshotReader
 
+    reader = SnapshotReader(stack.snapshot.tenancy.snapshot, recheck_s=0)
+    per_window = reader.current().window_ns // reader.current().interval_ns  # 10: 1 s windows, 100 ms apart
     assert ask(stack, "busy").status_code == 200 and ask(stack, "calm").status_code == 200
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass", MARKER])
     try:
@@ -81,16 +91,14 @@ def test_over_quota_tenant_is_refused_and_recovers(stack):
         while burner.pid not in cgroups.procs("busy"):
             assert time.monotonic() < deadline, "the agent did not place the tenant's process"
             time.sleep(0.02)
-        took = wait_for(stack, "busy", 429, 10)
-        assert took <= 2 * WINDOW, f"429s started {took:.2f}s after the tenant crossed its quota"
+        wait_for(stack, reader, "busy", 429, 2 * per_window)  # within two windows of going over
         r = ask(stack, "busy")
         assert r.status_code == 429 and r.json()["error"]["tenant"] == "busy" and "retry-after" in r.headers
         assert ask(stack, "calm").status_code == 200  # the other tenant is unaffected
     finally:
         burner.kill()
         burner.wait()
-    recovered = wait_for(stack, "busy", 200, 10)
-    assert recovered <= 2 * WINDOW + 0.5, f"429s went on for {recovered:.2f}s after the tenant recovered"
+    wait_for(stack, reader, "busy", 200, 2 * per_window + per_window // 2)  # 429s end within 2.5 windows
     # every answer counted once, by tenant and result: a 429 is `rejected`, a 200 `admitted` (or `stale`
     # had the agent's snapshot aged past staleAfter, which it must not here)
     assert set(ANSWERS) <= {(t, c) for t in ("busy", "calm") for c in (200, 429)}, ANSWERS

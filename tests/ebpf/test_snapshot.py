@@ -1,4 +1,6 @@
-"""Snapshot writer/reader: round trip, agreement with flatc's generated code, staleness, cost."""
+"""Snapshot writer/reader: round trip, agreement with flatc's generated code, staleness.
+
+What a read costs is measured by perf/bench_snapshot.py, not asserted here."""
 
 from __future__ import annotations
 
@@ -6,7 +8,6 @@ import mmap
 import shutil
 import subprocess
 import time
-import timeit
 from pathlib import Path
 
 import pytest
@@ -141,29 +142,3 @@ def test_garbage_file_is_ignored(tmp_path):
     path = tmp_path / "t.snap"
     path.write_bytes(b"not a flatbuffer at all")
     assert SnapshotReader(path).current() is None
-
-
-def test_read_cost_is_microseconds(tmp_path, capsys):
-    path = tmp_path / "t.snap"
-    SnapshotWriter(path).write(sample_data())
-    r = SnapshotReader(path)
-    r.current().tenant("acme").cpu_used
-
-    def admission_read():
-        t = r.current().tenant("acme")
-        return t.over_quota, t.cpu_used, t.cpu_limit, r.current().stale
-
-    n = 20000
-    per_call = min(timeit.repeat(admission_read, number=n, repeat=3)) / n * 1e6
-    r0 = SnapshotReader(path, recheck_s=0)
-    stat_call = min(timeit.repeat(r0.current, number=n, repeat=3)) / n * 1e6
-
-    def first_read():
-        t = SnapshotReader(path).current().tenant("acme")
-        return t.cpu_used, t.cpu_limit, t.burst
-
-    remap = min(timeit.repeat(first_read, number=500, repeat=3)) / 500 * 1e6
-    with capsys.disabled():
-        print(f"\nsnapshot read: admission check {per_call:.2f} us; current() with stat {stat_call:.2f} us; "
-              f"first read of a new snapshot (open+mmap+index) {remap:.1f} us")
-    assert per_call < 50 and stat_call < 100  # generous: measured ~2 us and ~5 us on a loaded 2-core VM

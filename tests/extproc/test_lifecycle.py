@@ -82,6 +82,7 @@ async def run_stream(svc: ExtProcService, route: str, requests: list, ending: st
     for r in requests:
         queue.put_nowait(r)
     gate = asyncio.Event()
+    held = asyncio.Event()
 
     async def source():
         while not queue.empty():
@@ -90,6 +91,7 @@ async def run_stream(svc: ExtProcService, route: str, requests: list, ending: st
         if ending == "error":
             raise RuntimeError("transport broke")
         if ending == "cancel":
+            held.set()
             await gate.wait()  # held open until cancelled, like a stream Envoy resets
 
     replies = []
@@ -101,8 +103,11 @@ async def run_stream(svc: ExtProcService, route: str, requests: list, ending: st
                 on_first_reply()
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.01)
     if ending == "cancel":
+        # every request was read and the stream waits for more: then Envoy resets it
+        held_wait = asyncio.ensure_future(held.wait())
+        await asyncio.wait({held_wait, task}, return_when=asyncio.FIRST_COMPLETED)
+        held_wait.cancel()
         task.cancel()
     try:
         await task

@@ -99,11 +99,15 @@ def test_second_signal_forces_exit(worker_proc):
     outgoing.put(recorded("v1-analyze-rec-llm-ok.txtpb")[0])
     next(replies)
     proc.send_signal(signal.SIGTERM)
-    time.sleep(1.5)
+    deadline = time.monotonic() + 10  # the first signal handled: health goes NOT_SERVING, the drain begins
+    while health(channel) != health_pb2.HealthCheckResponse.NOT_SERVING:
+        assert time.monotonic() < deadline and proc.poll() is None, "the worker did not start draining"
+        time.sleep(0.02)
     assert proc.poll() is None  # still draining: the open stream has up to 60 s
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(5) == 1
+    assert proc.wait() == 1  # at once: a drain that ran its 60 s out would exit 0 (and hit the test's timeout)
     outgoing.put(None)
+    channel.close()
 
 
 def test_invalid_config_and_busy_port_fail_start_up(worker_proc, tmp_path):

@@ -1,4 +1,9 @@
-"""The dynamic batcher in process, with a fake ``run`` that records the batches it is given."""
+"""The dynamic batcher in process, with a fake ``run`` that records the batches it is given.
+
+No test here measures time. That a batch does not wait for its delay is an ordering: the batch
+loop takes it within a few turns of the event loop (`within_turns`, no sleeping: microseconds,
+where the delay is a second). A test that needs a batch running holds it on a gate and waits for
+the run to start."""
 
 from __future__ import annotations
 
@@ -33,6 +38,43 @@ class Recorder:
         if (x[:, 0] < 0).any():
             raise RuntimeError("negative input")
         return [x * 2, x.sum(axis=1)]
+
+
+class GatedRecorder(Recorder):
+    """A ``run`` that, once called, waits until the test opens its gate: ``entered`` is set when
+    a batch is running, so a test orders events on that instead of on a sleep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def __call__(self, feeds):
+        self.entered.set()
+        assert self.gate.wait(20), "the test never opened the gate"
+        return super().__call__(feeds)
+
+
+async def until(condition, what: str) -> None:
+    """Yield to the event loop (and the pool's threads) until ``condition()`` holds; bounded."""
+    for _ in range(2000):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def within_turns(condition, turns: int = 100) -> bool:
+    """Whether ``condition()`` holds within ``turns`` turns of the event loop, without sleeping:
+    a timer (a batch's delay) cannot fire meanwhile, so only what runs at once gets there."""
+    for _ in range(turns):
+        if condition():
+            return True
+        await asyncio.sleep(0)
+    return condition()
+
+
+MAX_DELAY_US = 1_000_000  # the longest max_queue_delay_us the settings allow
 
 
 class Observer:
@@ -79,10 +121,14 @@ async def test_max_batch_size_caps_rows_and_a_big_request_runs_alone(executor) -
 
 
 async def test_full_batch_does_not_wait_for_the_delay(executor) -> None:
-    batcher = DynamicBatcher(Recorder(), executor, BatchingSettings(max_batch_size=4, max_queue_delay_us=900_000))
-    started = time.perf_counter()
-    await asyncio.gather(*(batcher.submit({"x": _rows(1)}) for _ in range(4)))
-    assert time.perf_counter() - started < 0.5
+    run = GatedRecorder()
+    batcher = DynamicBatcher(run, executor, BatchingSettings(max_batch_size=4, max_queue_delay_us=MAX_DELAY_US))
+    requests = [asyncio.ensure_future(batcher.submit({"x": _rows(1)})) for _ in range(4)]
+    dispatched = lambda: batcher.queue_depth == 0 and len(batcher._running) == 1  # noqa: E731 (held at the gate)
+    assert await within_turns(dispatched), "the full batch waited for its delay"
+    run.gate.set()
+    await asyncio.gather(*requests)
+    assert run.batches == [4]
     await batcher.close()
 
 
@@ -96,13 +142,14 @@ async def test_batching_off_runs_each_request_alone(executor) -> None:
 
 async def test_configure_takes_effect_for_the_batch_being_formed(executor) -> None:
     run = Recorder()
-    batcher = DynamicBatcher(run, executor, BatchingSettings(max_batch_size=8, max_queue_delay_us=1_000_000))
+    batcher = DynamicBatcher(run, executor, BatchingSettings(max_batch_size=8, max_queue_delay_us=MAX_DELAY_US))
     first = asyncio.ensure_future(batcher.submit({"x": _rows(1)}))
-    await asyncio.sleep(0.05)
-    assert not first.done()  # waiting for company for up to a second
+    assert await within_turns(lambda: batcher._waiter is not None), "the batch loop is not waiting for company"
+    assert batcher.queue_depth == 1 and not first.done()  # waiting for company for up to a second
     batcher.configure(BatchingSettings(max_batch_size=8, max_queue_delay_us=0))
-    await asyncio.wait_for(first, 1.0)
-    assert batcher.settings.max_queue_delay_us == 0
+    assert await within_turns(lambda: batcher.queue_depth == 0), "the waiting batch did not re-read its settings"
+    await first
+    assert run.batches == [1] and batcher.settings.max_queue_delay_us == 0
     await batcher.close()
 
 
@@ -132,30 +179,36 @@ async def test_a_failing_request_does_not_fail_its_batch_mates(executor) -> None
 
 
 async def test_cancelled_request_is_dropped_and_queue_limit_gives_queue_full(executor) -> None:
-    run = Recorder(delay=0.2)
+    run = GatedRecorder()
     batcher = DynamicBatcher(run, executor, BatchingSettings(max_batch_size=1, max_queue_delay_us=0), max_queue=2)
     busy = asyncio.ensure_future(batcher.submit({"x": _rows(1)}))
-    await asyncio.sleep(0.05)  # the first request is running
+    await until(run.entered.is_set, "the first request running")
     leaving = asyncio.ensure_future(batcher.submit({"x": _rows(1, start=9)}))
     staying = asyncio.ensure_future(batcher.submit({"x": _rows(1, start=3)}))
-    await asyncio.sleep(0)
+    await until(lambda: batcher.queue_depth == 2, "both requests queued")
     with pytest.raises(QueueFull):
         await batcher.submit({"x": _rows(1)})
     leaving.cancel()
+    run.gate.set()
     await asyncio.gather(busy, staying)
     assert run.batches == [1, 1]  # the cancelled request never ran
     await batcher.close()
 
 
-async def test_close_fails_queued_requests(executor) -> None:
-    batcher = DynamicBatcher(Recorder(delay=0.2), executor, BatchingSettings(max_batch_size=1))
+async def test_close_fails_queued_requests_and_lets_the_running_batch_finish(executor) -> None:
+    run = GatedRecorder()
+    batcher = DynamicBatcher(run, executor, BatchingSettings(max_batch_size=1))
     running = asyncio.ensure_future(batcher.submit({"x": _rows(1)}))
-    await asyncio.sleep(0.05)
+    await until(run.entered.is_set, "the first request running")
     queued = asyncio.ensure_future(batcher.submit({"x": _rows(1)}))
-    await asyncio.sleep(0)
-    await batcher.close()
+    await until(lambda: batcher.queue_depth == 1, "the second request queued")
+    closing = asyncio.ensure_future(batcher.close())
     with pytest.raises(RuntimeError, match="unloading"):
         await queued
-    await running
+    assert not closing.done() and not running.done()  # close waits for the batch that is running
+    run.gate.set()
+    await closing
+    np.testing.assert_array_equal((await running)[0], _rows(1) * 2)
+    assert run.batches == [1]
     with pytest.raises(RuntimeError, match="unloading"):
         await batcher.submit({"x": _rows(1)})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import time
 from pathlib import Path
 
 import orjson
@@ -338,11 +337,11 @@ def big_spec(n: int) -> dict:
             "name": {"type": "string"}, "children": {"type": "array", "items": {"$ref": "#/components/schemas/Thing"}}}}}}}
 
 
-def test_five_thousand_operations_in_reasonable_time():
-    data = orjson.dumps(big_spec(5000))
-    started = time.perf_counter()
-    ts = build_tools(load_spec(data))
-    elapsed = time.perf_counter() - started
+def test_five_thousand_operations_all_become_tools():
+    # what it costs is measured by perf/bench_openapi.py; here: all of them, each with its own name
+    # and its $refs resolved (a cost that grew with the square of the operations would hit the timeout)
+    ts = build_tools(load_spec(orjson.dumps(big_spec(5000))))
     assert len(ts.tools) == 5000 and not ts.skipped
     assert len({t.name for t in ts.tools}) == 5000
-    assert elapsed < 20, f"{elapsed:.1f} s"  # about 1 s here; generous for loaded CI machines
+    last = ts.by_name["post_things2499_by_id"].parameters  # the $ref to Thing, resolved in the last one too
+    assert last["required"] == ["id", "name"] and last["properties"]["name"] == {"type": "string"}
