@@ -69,6 +69,7 @@ perf: setup
 	$(VENV)/bin/python perf/bench_ort_batching.py
 	$(VENV)/bin/python perf/bench_mapping.py
 	$(VENV)/bin/python perf/bench_ebpf_overhead.py
+	$(VENV)/bin/python perf/bench_routing.py
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache
