@@ -210,3 +210,23 @@ def test_trailers_keep_their_attributes():
     req.response_trailers.trailers.headers.add(key="grpc-status", raw_value=b"0")
     req.attributes["envoy.filters.http.ext_proc"].update({"response.code": 200})
     assert codec.decode(req).attributes == {"response.code": 200.0}
+
+
+def test_filter_metadata_gives_scalars_and_lists_of_them_and_none_for_the_rest():
+    from google.protobuf.struct_pb2 import Value
+
+    req = pb.ProcessingRequest()
+    assert codec.filter_metadata(req, "ns", "k") is None  # no metadata_context
+    fields = req.metadata_context.filter_metadata["ns"].fields
+    fields["s"].string_value = "a"
+    fields["n"].number_value = 2
+    fields["b"].bool_value = True
+    fields["l"].list_value.values.add().string_value = "x"
+    fields["l"].list_value.values.add().struct_value.SetInParent()
+    fields["l"].list_value.values.add().null_value = NULL_VALUE
+    fields["l"].list_value.values.add().CopyFrom(Value())  # a value with no kind
+    fields["st"].struct_value.fields["inner"].string_value = "v"
+    fields["nul"].null_value = NULL_VALUE
+    got = {k: codec.filter_metadata(req, "ns", k) for k in ("s", "n", "b", "l", "st", "nul", "missing")}
+    assert got == {"s": "a", "n": 2.0, "b": True, "l": ["x", None, None, None], "st": None, "nul": None, "missing": None}
+    assert codec.filter_metadata(req, "other", "s") is None

@@ -643,3 +643,15 @@ async def test_routing_hint_headers_of_the_request_are_kept_for_the_plugins():
     svc, _, states = feedback_service(feedback=False)
     await run(svc, [("x-adapter-route", "v1-analyze")], recorded(LLM)[:2] + [trailers])
     assert not set(HINT_HEADERS) & set(states[0][0].attrs)  # trailers are not request headers
+
+
+async def test_an_epp_stream_carries_the_request_id_from_the_metadata():
+    from tests.extproc.test_epp import body, request_headers, snapshot
+
+    svc = ExtProcService(ConfigRef(snapshot("on-a100")), ProcessorMetrics(CollectorRegistry()))
+    states = []
+    svc.runtime.lifecycle.observers.append(lambda state, outcome: states.append(state))
+    replies = await run(svc, [("x-request-id", "rid-epp")],
+                        [request_headers("10.0.0.2:8000"), body(orjson.dumps({"model": "m", "prompt": "hi"}), True)])
+    assert orjson.loads(replies[0].immediate_response.body)["error"]["request_id"] == "rid-epp"
+    assert states[0].request_id == "rid-epp"
