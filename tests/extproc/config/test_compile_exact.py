@@ -352,3 +352,79 @@ def test_a_pipeline_that_cannot_be_built_is_reported_at_the_route_and_the_route_
 
     assert _with_pipeline(route, broken, ("spec", "routes", 0), lambda path, reason: found.append((path, reason))) is route
     assert found == [(("spec", "routes", 0), "stage of a is malformed")]
+
+
+# --- spec.epp (EPP mode, extproc/epp.py) ----------------------------------------------------------------
+
+EPP = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: epp}
+spec:
+  processor: {basePort: 9002, feedback: stream}
+  backends:
+    - {name: pool, endpoints: ["10.0.0.1:8000", "10.0.0.2:8000"], timeout: 12s, lbPolicy: roundRobin}
+    - {name: svc, kind: rest, endpoints: ["10.0.0.3:80"]}
+    - {name: named, endpoints: ["model-a:8000"]}
+  plugins: [{type: max-score-picker}]
+  epp: {pool: pool, profile: max-score-picker, healthPort: 9003, maxBodyBytes: 4096, modelRewrites: {alias: base}}
+"""
+
+
+def test_an_epp_section_compiles_into_its_route_and_settings():
+    s = load_text(EPP, "epp.yaml")
+    e, r = s.epp, s.epp.route
+    assert (e.health_port, dict(e.model_rewrites), e.tls) == (9003, {"alias": "base"}, None)
+    assert (r.name, r.path, r.kind, r.backend, r.model, r.failure_mode, r.max_body_bytes, r.timeout, r.match,
+            r.backends, r.dialect) == ("epp", "/", "openai", s.backends["pool"], None, "closed", 4096, 12.0,
+                                       "prefix", (s.backends["pool"],), "openai")
+    assert r.picker.name == "max-score-picker"
+    assert (s.backends["pool"].lb_policy, s.backends["svc"].lb_policy) == ("roundRobin", "leastRequest")
+
+
+def test_epp_tls_files_are_kept_when_readable(tmp_path):
+    cert, key = tmp_path / "epp.crt", tmp_path / "epp.key"
+    cert.write_text("c")
+    key.write_text("k")
+    s = load_text(EPP.replace("healthPort: 9003", f"tls: {{certFile: {cert}, keyFile: {key}}}"))
+    assert s.epp.tls == (str(cert), str(key))
+    with pytest.raises(ConfigError) as e:
+        load_text(EPP.replace("healthPort: 9003", f"tls: {{certFile: {cert}, keyFile: {tmp_path / 'none.key'}}}"))
+    assert [(i.path, i.reason) for i in e.value.issues] == [
+        ("spec.epp.tls.keyFile", f"cannot read {tmp_path / 'none.key'}")]
+
+
+@pytest.mark.parametrize("change, expected", [
+    (("pool: pool,", "pool: svc,"), [("spec.epp.pool", "EPP mode parses OpenAI-API bodies: backend 'svc' is kind rest")]),
+    (("pool: pool,", "pool: named,"), [("spec.epp.pool", "the endpoint-picker protocol names endpoints as ip:port: "
+                                        "backend 'named' lists host names (give the InferencePool's pod IPs)")]),
+    (("pool: pool,", "pool: nope,"), [("spec.epp.pool", "no backend named 'nope' (backends: pool, svc, named)")]),
+    (("basePort: 9002,", "basePort: 9002, workers: 3,"), [
+        ("spec.processor.workers", "EPP mode serves one port (the InferencePool's endpointPickerRef port, basePort): "
+                                   "workers must be 1; scale with replicas"),
+        ("spec.epp.healthPort", "port 9003 is also used by spec.processor.basePort")]),
+    (("healthPort: 9003", "healthPort: 9002"), [("spec.epp.healthPort", "port 9002 is also used by spec.processor.basePort")]),
+])
+def test_epp_faults_exactly(change, expected):
+    with pytest.raises(ConfigError) as e:
+        load_text(EPP.replace(*change))
+    assert [(i.path, i.reason) for i in e.value.issues] == expected
+
+
+def test_an_epp_pool_in_a_file_without_backends():
+    text = EPP.split("  backends:")[0] + "  epp: {pool: pool, profile: p}\n"
+    with pytest.raises(ConfigError) as e:
+        load_text(text)
+    assert [(i.path, i.reason) for i in e.value.issues] == [("spec.epp.pool", "no backend named 'pool' (backends: none)")]
+
+
+def test_an_epp_profile_pinning_an_endpoint_is_checked_against_the_pool():
+    pinned = EPP.replace("plugins: [{type: max-score-picker}]",
+                         'plugins: [{name: pin, type: pinned-endpoint, parameters: {endpoint: "ENDPOINT"}}]'
+                         ).replace("profile: max-score-picker", "profile: pin")
+    assert load_text(pinned.replace("ENDPOINT", "10.0.0.2:8000")).epp.route.picker.name == "pin"
+    with pytest.raises(ConfigError) as e:
+        load_text(pinned.replace("ENDPOINT", "10.0.0.9:8000"))
+    assert [(i.path, i.reason) for i in e.value.issues] == [
+        ("spec.epp.profile", "plugin 'pin' pins endpoint 10.0.0.9:8000, which is not an endpoint of this route's "
+                             "backends (10.0.0.1:8000, 10.0.0.2:8000)")]
