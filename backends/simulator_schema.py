@@ -22,8 +22,8 @@ only *restrict* other types, and best-effort otherwise):
 * ``array``: ``items``, ``prefixItems`` (and the draft-4..7 tuple form
   ``items: [...]`` with ``additionalItems``), ``minItems`` / ``maxItems``
   (items past ``minItems`` whose schema has no instance are left out),
-  ``uniqueItems`` (up to 16 tries per item, varying options, lengths and
-  object members);
+  ``uniqueItems`` (up to 16 tries per item, varying options, types, lengths
+  and object members);
 * ``string``: ``enum``, ``const``, ``format`` (date-time, date, time, email,
   uuid, uri, hostname, ipv4, ipv6; a short and a long form where the format
   has them), ``minLength`` / ``maxLength``; a format and length bounds together
@@ -39,7 +39,8 @@ only *restrict* other types, and best-effort otherwise):
   overlap may get a value that matches several), ``allOf`` (members merged:
   object properties, ``required``, ``items`` and ``additional*`` schemas are
   united, numeric/length bounds take the tightest value, ``multipleOf`` the
-  least common multiple, types intersect);
+  least common multiple, types intersect, of two formats the one jsonschema
+  checks wins);
 * ``$ref`` to any JSON pointer inside the document (``#``, ``#/$defs/...``,
   ``#/definitions/...``, ...); remote references raise ``ValueError``.
 
@@ -64,6 +65,7 @@ finite instance and raises ``ValueError`` at depth :data:`HARD_DEPTH_LIMIT`.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import uuid
@@ -175,6 +177,8 @@ class _Generator:
             for name in types:
                 if name in _SCALAR_TYPES:
                     return name
+        if self._variant:  # an array retrying for a distinct item: another of the types
+            return types[self._variant % len(types)]
         return types[0]
 
     def _options(self, options: list, depth: int) -> list:
@@ -491,7 +495,17 @@ def _admits(value: Any, schema: dict) -> bool:
             return False
         if schema.get("maxLength") is not None and len(value) > schema["maxLength"]:
             return False
+        if isinstance(schema.get("format"), str) and not _format_checker().conforms(value, schema["format"]):
+            return False
     return True
+
+
+@functools.cache
+def _format_checker():
+    """jsonschema's checker of the formats it knows (those a client's validator checks), made once."""
+    import jsonschema
+
+    return jsonschema.FormatChecker()
 
 
 def _extra_schema(additional: Any) -> Any:
@@ -541,11 +555,21 @@ def _merge(schemas: list[Any]) -> dict:
                 merged[key] = min(merged[key], value)
             elif key == "type":
                 merged[key] = _intersect_types(merged[key], value)
+            elif key == "items" and (isinstance(merged[key], list) or isinstance(value, list)):
+                # tuples: position by position, each side's additionalItems past its own tuple
+                left_rest, right_rest = merged.get("additionalItems", True), schema.get("additionalItems", True)
+                left = merged[key] if isinstance(merged[key], list) else None
+                right = value if isinstance(value, list) else None
+                if left is None:
+                    left_rest = merged[key]  # an all-items schema holds at every position
+                if right is None:
+                    right_rest = value
+                size = max(len(left or ()), len(right or ()))
+                merged[key] = [_merge_subschemas(left[i] if left and i < len(left) else left_rest,
+                                                 right[i] if right and i < len(right) else right_rest)
+                               for i in range(size)]
+                merged["additionalItems"] = _merge_subschemas(left_rest, right_rest)
             elif key in ("additionalProperties", "additionalItems", "items", "prefixItems"):
-                if key == "items" and isinstance(merged[key], list) != isinstance(value, list):
-                    # a tuple and an all-items schema: the items past the tuple must match it too
-                    every = merged[key] if isinstance(value, list) else value
-                    merged["additionalItems"] = _merge_subschemas(merged.get("additionalItems", True), every)
                 merged[key] = _merge_subschemas(merged[key], value)
             elif key == "allOf":
                 merged[key] = [*merged[key], *value]
@@ -554,6 +578,9 @@ def _merge(schemas: list[Any]) -> dict:
                 merged[key] = [{"allOf": [option, {key: value}]} for option in merged[key]]
             elif key == "enum":
                 merged[key] = [v for v in merged[key] if any(_json_equal(v, w) for w in value)]
+            elif key == "format":
+                if value != merged[key] and value in _format_checker().checkers:
+                    merged[key] = value  # two formats: keep the one a validator checks
             elif key == "const":
                 if not _json_equal(merged[key], value):
                     raise ValueError("an `allOf` with two different `const` values has no valid instance")
@@ -567,16 +594,10 @@ def _merge(schemas: list[Any]) -> dict:
 
 
 def _merge_subschemas(a: Any, b: Any) -> Any:
-    """Two members' ``items`` (a schema, or a tuple of them), ``additionalProperties``...: both hold."""
-    if isinstance(a, list) or isinstance(b, list):
-        left = a if isinstance(a, list) else None
-        right = b if isinstance(b, list) else None
-        size = max(len(left or ()), len(right or ()))
-
-        def at(member: Any, tup: list | None, i: int) -> Any:
-            return member if tup is None else (tup[i] if i < len(tup) else True)
-
-        return [_merge_subschemas(at(a, left, i), at(b, right, i)) for i in range(size)]
+    """Two members' ``additionalProperties``, ``items``... schemas: both hold."""
+    if isinstance(a, list) and isinstance(b, list):  # two prefixItems tuples (2020-12)
+        size = max(len(a), len(b))
+        return [_merge_subschemas(a[i] if i < len(a) else True, b[i] if i < len(b) else True) for i in range(size)]
     if a is True or a == {}:
         return b
     if b is True or b == {}:

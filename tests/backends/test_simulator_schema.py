@@ -438,6 +438,19 @@ ORACLE_FINDINGS = {  # name: (schema, an instance of it: the case has one)
     "allOf multipleOf": (
         {"allOf": [{"type": "integer", "multipleOf": 2}, {"multipleOf": 3}], "minimum": 1, "maximum": 12},
         6),
+    "allOf const and format": (
+        {"type": "object", "properties": {"a": {"allOf": [{"const": ""}, {"type": "string", "format": "date"}]}}},
+        {}),
+    "allOf of two formats": (
+        {"allOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "uri"}]},
+        "2000-01-01"),
+    "allOf of tuples, one closed": (
+        {"allOf": [{"type": "array", "items": [{"type": "array", "items": [{"const": None}, {}]}]},
+                   {"type": "array", "items": [{"type": "array", "items": [{"const": None}], "additionalItems": False}]}]},
+        [[None]]),
+    "distinct items of a type list": (
+        {"type": "array", "minItems": 2, "maxItems": 2, "uniqueItems": True, "items": {"type": ["null", "number"]}},
+        [None, 1]),
     "optional beyond maxProperties": (
         {"type": "object",
          "additionalProperties": False,
