@@ -54,7 +54,7 @@ then the measured requests run to completion.
 Run: `.venv/bin/python perf/bench_routing.py [--quick] [--duration 30] [--warmup 10] [--time-scale 5]
 [--policies a,b] [--workloads a,b] [--loads 0.5,0.8] [--out FILE] [--no-write]`. Writes
 perf/results/routing.json (and `--out FILE`), appends a dated section to perf/RESULTS.md unless
---no-write. `--quick`: 1 s warm-up + 3 s measured per cell, about 4.5 minutes here. Everything it starts
+--no-write. `--quick`: 1 s warm-up + 3 s measured per cell, 4 groups x 4: 298 s here. Everything it starts
 is stopped by PID.
 """
 
@@ -73,7 +73,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -624,7 +624,7 @@ def table(rows: Sequence[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="1 s warm-up + 3 s measured per cell (~4.5 min)")
+    ap.add_argument("--quick", action="store_true", help="1 s warm-up + 3 s measured per cell (about 5 min)")
     ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per cell")
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds of arrivals sent before measuring")
     ap.add_argument("--capacity-duration", type=float, default=20.0)

@@ -1,4 +1,4 @@
-"""Scorer `simulator-oracle-scorer`: BENCHMARK ONLY: the predicted TTFT of each endpoint from the simulator's true state.
+"""Scorer `simulator-oracle-scorer`, BENCHMARK ONLY: each endpoint's predicted TTFT from the simulator's true state.
 
 What: the `oracle` policy of perf/bench_routing.py: the limit of a router that knew every engine's
 real prefix-cache contents and queue. Per decision and per candidate it asks that endpoint, which
