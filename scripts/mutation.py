@@ -157,18 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         plan += [(g, [m for m in ms if m in modules], tests) for g, (ms, tests) in GROUPS.items()]
         plan = [p for p in plan if p[1]]
     t0 = time.monotonic()
-    result: dict = {"modules": {}, "survivors": {}, "groups": {}}
+    ref = subprocess.run(["git", "rev-parse", args.ref], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    result: dict = {"modules": {}, "survivors": {}, "groups": {}, "ref": ref}
     rc = 0
     for name, mods, tests in plan:
-        code, part = run_group(name, mods, tests, Path(args.work) / name, args.max_children, args.keep,
-                               args.ref)
+        code, part = run_group(name, mods, tests, Path(args.work) / name, args.max_children, args.keep, ref)
         rc = rc or code
         result["modules"].update(part["modules"])
         result["survivors"].update(part["survivors"])
         result["groups"][name] = {"modules": mods, "tests": tests, "mutmut_exit": code}
     result["command"] = "make mutation"
-    result["ref"] = subprocess.run(["git", "rev-parse", args.ref], cwd=REPO, capture_output=True,
-                                   text=True).stdout.strip()
     result["seconds"] = round(time.monotonic() - t0, 1)
     result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     out = Path(args.out)
