@@ -379,9 +379,10 @@ class _Generator:
             usual = f"{word}.example.com"
             return usual, f"{word[0]}.io", ".".join(["x" * 63] * (min_len // 64) + [usual])[-253:].lstrip(".")
         if fmt == "ipv4":
-            return f"10.{rng.randrange(256)}.{rng.randrange(256)}.{1 + rng.randrange(254)}", "10.0.0.1"
+            return (f"10.{rng.randrange(256)}.{rng.randrange(256)}.{1 + rng.randrange(254)}", "10.0.0.1",
+                    _ipv4_of_length(min_len))
         if fmt == "ipv6":
-            return f"fd00::{rng.randrange(0x10000):x}:{1 + rng.randrange(0xFFFF):x}", "::1"
+            return f"fd00::{rng.randrange(0x10000):x}:{1 + rng.randrange(0xFFFF):x}", "::1", _ipv6_of_length(min_len)
         return ()
 
     def _integer(self, schema: dict) -> int:
@@ -456,6 +457,32 @@ class _Generator:
 # -- helpers -----------------------------------------------------------------
 
 
+def _ipv4_of_length(length: int) -> str:
+    """A dotted quad of exactly ``length`` characters where one exists (7 to 15), else the shortest."""
+    digits = min(max(length - 3, 4), 12)  # four octets of one to three digits
+    sizes = [1, 1, 1, 1]
+    for i in range(digits - 4):
+        sizes[i % 4] += 1
+    return ".".join({1: "1", 2: "10", 3: "100"}[n] for n in sizes)
+
+
+def _ipv6_of_length(length: int) -> str:
+    """An IPv6 address of exactly ``length`` characters where one exists (3 to 39), else the shortest."""
+    length = min(max(length, 3), 39)
+    if length >= 15:  # eight groups of one to four hex digits
+        groups, digits = 8, length - 7
+    else:  # "::" then groups
+        groups = max(1, min(7, (length - 1) // 2))
+        while 2 + groups - 1 + groups > length:
+            groups -= 1
+        digits = length - 2 - (groups - 1)
+    sizes = [1] * groups
+    for i in range(digits - groups):
+        sizes[i % groups] += 1
+    text = ":".join("f" * n for n in sizes)
+    return text if groups == 8 else "::" + text
+
+
 def _has_type(value: Any, declared: Any) -> bool:
     names = [declared] if isinstance(declared, str) else list(declared)
     checks = {
@@ -502,10 +529,11 @@ def _admits(value: Any, schema: dict) -> bool:
 
 @functools.cache
 def _format_checker():
-    """jsonschema's checker of the formats it knows (those a client's validator checks), made once."""
+    """jsonschema's checker of the formats it checks for draft 2020-12 (what a client's validator
+    checks; its catch-all `FormatChecker()` would add draft 3's `time`, which refuses RFC 3339's "Z")."""
     import jsonschema
 
-    return jsonschema.FormatChecker()
+    return jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
 def _extra_schema(additional: Any) -> Any:
@@ -539,6 +567,7 @@ def _merge(schemas: list[Any]) -> dict:
             continue
         if schema is False:
             raise ValueError("an `allOf` containing `false` has no valid instance")
+        schema = _cross_additional(merged, schema)
         for key, value in schema.items():
             if key not in merged:
                 merged[key] = value
@@ -578,8 +607,11 @@ def _merge(schemas: list[Any]) -> dict:
                 merged[key] = [{"allOf": [option, {key: value}]} for option in merged[key]]
             elif key == "enum":
                 merged[key] = [v for v in merged[key] if any(_json_equal(v, w) for w in value)]
-            elif key == "format":
-                if value != merged[key] and value in _format_checker().checkers:
+            elif key == "format" and value != merged[key]:
+                checked = _format_checker().checkers
+                if value in checked and merged[key] in checked:
+                    raise ValueError(f"a value of both formats {merged[key]!r} and {value!r} is not made here")
+                if value in checked:
                     merged[key] = value  # two formats: keep the one a validator checks
             elif key == "const":
                 if not _json_equal(merged[key], value):
@@ -591,6 +623,21 @@ def _merge(schemas: list[Any]) -> dict:
             else:
                 merged[key] = value
     return merged
+
+
+def _cross_additional(merged: dict, schema: dict) -> dict:
+    """Before ``schema`` joins ``merged``: a member's ``additionalProperties`` also holds for the
+    properties only the other side names (they are additional to it). Updates ``merged`` in place;
+    returns ``schema`` with its own such properties constrained."""
+    mine, theirs = merged.get("properties") or {}, schema.get("properties") or {}
+    merged_extra, schema_extra = merged.get("additionalProperties", True), schema.get("additionalProperties", True)
+    if schema_extra is not True and any(n not in theirs for n in mine):
+        merged["properties"] = {n: sub if n in theirs else _merge_subschemas(sub, schema_extra)
+                                for n, sub in mine.items()}
+    if merged_extra is not True and any(n not in mine for n in theirs):
+        schema = {**schema, "properties": {n: sub if n in mine else _merge_subschemas(sub, merged_extra)
+                                           for n, sub in theirs.items()}}
+    return schema
 
 
 def _merge_subschemas(a: Any, b: Any) -> Any:

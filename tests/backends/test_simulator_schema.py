@@ -374,7 +374,8 @@ def test_every_schema_hypothesis_jsonschema_can_satisfy_gets_a_valid_instance(sc
         # its own slips on schemas with no instance: a tuple cut to `maxItems: 0` becomes the invalid
         # `items: []`; `minLength` over `maxLength` reaches `st.text(min_size=1, max_size=0)`
         assume(False)
-    validator = jsonschema.Draft7Validator(root, format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER)
+    # the formats the generator itself checks members against (draft 7's own checker skips `uuid`)
+    validator = jsonschema.Draft7Validator(root, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
     assume(validator.is_valid(witness))  # it ignores what it cannot generate for (a few formats)
     validator.validate(instance_for(root, seed))
 
@@ -446,11 +447,23 @@ ORACLE_FINDINGS = {  # name: (schema, an instance of it: the case has one)
         "2000-01-01"),
     "allOf of tuples, one closed": (
         {"allOf": [{"type": "array", "items": [{"type": "array", "items": [{"const": None}, {}]}]},
-                   {"type": "array", "items": [{"type": "array", "items": [{"const": None}], "additionalItems": False}]}]},
+                   {"type": "array",
+                    "items": [{"type": "array", "items": [{"const": None}], "additionalItems": False}]}]},
         [[None]]),
     "distinct items of a type list": (
         {"type": "array", "minItems": 2, "maxItems": 2, "uniqueItems": True, "items": {"type": ["null", "number"]}},
         [None, 1]),
+    "allOf with a closed member naming no property": (
+        {"allOf": [{"type": "object", "properties": {"a": {}}}, {"type": "object", "additionalProperties": False}]},
+        {}),
+    "allOf of a format and a length": (
+        {"type": "array", "minItems": 1,
+         "items": {"allOf": [{"type": "string", "format": "ipv6"}, {"type": "string", "minLength": 16}]}},
+        ["2001::1:100:1000"]),
+    "allOf of two checked formats": (
+        {"type": "array",
+         "items": {"allOf": [{"type": "string", "format": "date"}, {"type": "string", "format": "ipv4"}]}},
+        []),
     "optional beyond maxProperties": (
         {"type": "object",
          "additionalProperties": False,
