@@ -54,6 +54,7 @@ def test_models_lists_what_the_gateway_serves(client):
 
 def test_requests_go_to_the_backend_serving_the_model(stack, client):
     for model, backend in (("llama-3-8b", "vllm-general"), ("fin-lora", "vllm-finance")):
+        settled(stack)  # the requests of the tests before have all been counted
         before = metric(stack, "adapter_processor_tokens_total", backend=backend, model=model, type="completion",
                         **TOKENS)
         r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
@@ -69,12 +70,24 @@ def test_unknown_model_is_a_404_the_client_understands(client):
     assert "gpt-9" in str(e.value) and "llama-3-8b" in str(e.value)
 
 
+def settled(stack) -> None:
+    """Wait until the processor has counted every ext_proc stream Envoy started (a request's usage is
+    counted with it, when the worker learns its end): a count read next holds no earlier request's
+    late report. Bounded (wait_samples' deadline)."""
+    started = httpx.get(f"{stack.admin_url}/stats?filter=^http.adapter.ext_proc.streams_started$", timeout=5)
+    want = float(started.text.split(":")[1])
+    url = f"{stack.processor_admin_url}/metrics"
+    got = wait_samples(url, lambda s: s.total("adapter_processor_requests_total") >= want)
+    assert got.total("adapter_processor_requests_total") == want, (got.total("adapter_processor_requests_total"), want)
+
+
 def backend_decoded(stack, backend: str) -> float:
     """The simulator's own count of the tokens it has decoded so far (all its models)."""
     return scrape(f"http://127.0.0.1:{stack.simulators[backend][1]}/metrics").total("vllm:generation_tokens_total")
 
 
 def test_stream_arrives_chunk_by_chunk_and_usage_is_counted(stack, client):
+    settled(stack)  # the requests of the tests before have all been counted
     before = metric(stack, "adapter_processor_tokens_total", backend="vllm-general", model="llama-3-8b",
                     type="completion", **TOKENS)
     decoded0 = backend_decoded(stack, "vllm-general")
