@@ -19,8 +19,9 @@ from pathlib import Path as FsPath
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from pydantic import BaseModel, ValidationError
+from pydantic.alias_generators import to_camel
 
-from extproc.config.schema import AdapterGateway
+from extproc.config.schema import AdapterGateway, FieldError
 from extproc.config.yamlsource import Path, SourceMap, YamlError, format_path, load_yaml
 
 if TYPE_CHECKING:
@@ -150,6 +151,9 @@ def validate_schema(data: Any, smap: SourceMap) -> AdapterGateway:
         issues = []
         for err in e.errors(include_url=False):
             loc = _clean_loc(err["loc"])
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, FieldError):  # a model validator naming the field it is about
+                loc = (*loc, to_camel(cause.field))
             issues.append(Issue(smap.where(loc), format_path(loc), _reason(err, loc)))
         raise ConfigError(issues) from None
 

@@ -79,6 +79,15 @@ Cpu = Annotated[float, BeforeValidator(parse_cpu)]
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+class FieldError(ValueError):
+    """A model validator's error about one of the model's fields: the loader reports it at that
+    field's path and line (`spec.routes`), not at the model's."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True,
@@ -301,7 +310,7 @@ class GatewaySpec(_Model):
     @model_validator(mode="after")
     def _some_route(self) -> "GatewaySpec":
         if not self.routes and self.epp is None:
-            raise ValueError("routes: at least one route is needed (or an `epp` section: EPP mode)")
+            raise FieldError("routes", "at least one route is needed (or an `epp` section: EPP mode)")
         return self
 
 

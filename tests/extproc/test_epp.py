@@ -80,7 +80,7 @@ def test_routes_are_optional_only_in_epp_mode():
     with pytest.raises(ConfigError) as e:
         snapshot(text=CONFIG.replace("  epp: {pool: pool, profile: PROFILE, healthPort: 9003, "
                                      "modelRewrites: {alias: base}}\n", ""))
-    assert "at least one route is needed (or an `epp` section: EPP mode)" in str(e.value)
+    assert "spec.routes: at least one route is needed (or an `epp` section: EPP mode)" in str(e.value)
 
 
 def request_headers(subset=None, mode="FULL_DUPLEX_STREAMED", eos=False):
