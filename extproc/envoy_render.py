@@ -350,7 +350,7 @@ def access_loggers(workers: int) -> list[dict[str, Any]]:
                 "log_name": f"adapter-w{i}",
                 "transport_api_version": "V3",
                 "grpc_service": {"envoy_grpc": {"cluster_name": f"{ALS_CLUSTER_PREFIX}{i}"}},
-                "buffer_flush_interval": "0.02s",
+                "buffer_flush_interval": "0.1s",
                 "buffer_size_bytes": 65536,
             },
         },

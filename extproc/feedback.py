@@ -3,7 +3,9 @@
 What: `AccessLogFeedback` serves `envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs`
 on each worker's gRPC port. The generated Envoy config has one gRPC access logger per worker,
 filtered on the dynamic metadata `adapter.worker` that worker put in its first reply, so a worker
-receives exactly its own requests' entries (batched by Envoy every 20 ms or 16 KiB). Each entry's
+receives exactly its own requests' entries (batched by Envoy every 100 ms or 64 KiB: at 20 ms the
+per-message cost made the feedback +10% of processor CPU per request on a paced headers-only
+route, at 100 ms +1.5%: perf/RESULTS.md). Each entry's
 `adapter.token` finds the request in the `Lifecycle`, which fires `on_done` with a `Completion`:
 status, response flags, the endpoint that served (`upstream_remote_address`: the endpoint-picker
 protocol's "served" feedback), the upstream cluster, time to the upstream's first byte, time to
@@ -14,7 +16,8 @@ every request; the access log costs Envoy a few microseconds and the processor o
 per request, off the request path.
 Cost: about 4 us of processor CPU per entry to parse and read it (upb parse and direct field
 reads), plus the lifecycle's finish; no round trip; `on_done` lags the request's end by at most
-the flush interval (20 ms) plus delivery.
+the flush interval (100 ms) plus delivery (and a pick on such a route stays counted in flight that
+much longer).
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def test_each_worker_gets_its_own_access_logger_and_cluster():
         assert cfg["common_config"] == {
             "log_name": f"adapter-w{i}", "transport_api_version": "V3",
             "grpc_service": {"envoy_grpc": {"cluster_name": f"adapter_als_{i}"}},
-            "buffer_flush_interval": "0.02s", "buffer_size_bytes": 65536}
+            "buffer_flush_interval": "0.1s", "buffer_size_bytes": 65536}
     clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
     for i in range(3):
         als = clusters[f"adapter_als_{i}"]
