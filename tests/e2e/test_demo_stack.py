@@ -93,7 +93,9 @@ def test_processor_metrics_per_route_and_phase(stack):
     analyze, score = {"route": "v1-analyze"}, {"route": "v1-fraud-score"}
     after = wait_samples(url, lambda s: grew(s, "adapter_processor_requests_total", outcome="ok", **analyze) >= 2
                          and grew(s, "adapter_processor_requests_total", outcome="ok", **score) >= 3
-                         and grew(s, "adapter_processor_requests_total", outcome="rejected", **analyze) >= 1)
+                         and grew(s, "adapter_processor_requests_total", outcome="rejected", **analyze) >= 1
+                         and grew(s, "adapter_processor_batch_size_count", backend="ort", model="fraud-mlp",
+                                  **score) >= 3)
     assert grew(after, "adapter_processor_requests_total", outcome="ok", **analyze) == 2
     assert grew(after, "adapter_processor_requests_total", outcome="rejected", **analyze) == 1
     assert grew(after, "adapter_processor_requests_total", outcome="ok", **score) == 3
