@@ -40,7 +40,6 @@ import numpy as np  # noqa: E402
 from extproc.intent.classifier import IntentClassifier  # noqa: E402
 from extproc.intent.train import build, load_dataset, split  # noqa: E402
 
-RESULTS = REPO / "perf" / "RESULTS.md"
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -137,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
 {summary}
 """
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write(text)
-        print(f"appended to {RESULTS.relative_to(REPO)}")
+        benchenv.append_results(text)
     return 0
 
 

@@ -53,7 +53,6 @@ from extproc.semantic.toolcall import build_request, parse_tool_call, tool_resul
 from extproc.semantic.tools import build_tools  # noqa: E402
 from extproc.template import compile_template  # noqa: E402
 
-RESULTS = REPO / "perf" / "RESULTS.md"
 
 LEGACY = {"type": "object", "title": "order", "required": [
     "order_id", "created_at", "amount", "status", "is_gift", "updated", "customer", "tags"], "properties": {
@@ -198,9 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
 {summary}
 """
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write(text)
-        print(f"appended to {RESULTS.relative_to(REPO)}")
+        benchenv.append_results(text)
     return 0
 
 

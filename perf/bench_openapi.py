@@ -44,7 +44,6 @@ import yaml  # noqa: E402
 from extproc.semantic.openapi import load_spec  # noqa: E402
 from extproc.semantic.tools import build_tools  # noqa: E402
 
-RESULTS = REPO / "perf" / "RESULTS.md"
 
 
 def big_spec(operations: int) -> dict:
@@ -126,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
 {chr(10).join(table)}
 """
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write(text)
-        print(f"appended to {RESULTS.relative_to(REPO)}")
+        benchenv.append_results(text)
     return 0
 
 

@@ -45,7 +45,6 @@ import benchenv  # noqa: E402  (perf/ is this script's folder, on sys.path)
 
 from ebpf.snapshot import SnapshotData, SnapshotReader, SnapshotWriter, TenantSample, UpstreamSample  # noqa: E402
 
-RESULTS = REPO / "perf" / "RESULTS.md"
 
 
 def snapshot_data(tenants: int) -> SnapshotData:
@@ -134,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
 {chr(10).join(table)}
 """
-        with RESULTS.open("a", encoding="utf-8") as f:
-            f.write(text)
-        print(f"appended to {RESULTS.relative_to(REPO)}")
+        benchenv.append_results(text)
     return 0
 
 

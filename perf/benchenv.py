@@ -36,3 +36,13 @@ def git_revision(*paths: str) -> str:
         return "unknown"
     where = f" in {', '.join(paths)}" if paths else ""
     return rev + (f" with uncommitted changes{where}" if dirty else "")
+
+
+RESULTS = REPO / "perf" / "RESULTS.md"
+
+
+def append_results(text: str) -> None:
+    """Append a section to perf/RESULTS.md and say so."""
+    with RESULTS.open("a", encoding="utf-8") as f:
+        f.write(text)
+    print(f"appended to {RESULTS.relative_to(REPO)}")
