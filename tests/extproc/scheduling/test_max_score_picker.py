@@ -60,3 +60,14 @@ def test_configure_keeps_the_generator_and_applies_the_new_fallbacks():
     rng = p.rng
     p.configure(p.params, MaxScorePickerParameters(fallbacks=1))
     assert p.rng is rng and p.pick(None, {E1: 1, E2: 2, E3: 0}) == (E2, E1)
+
+
+def test_built_from_config_it_keeps_its_name_and_the_workers_runtime_and_spreads_a_profile_without_scorers():
+    from tests.extproc.scheduling.fleet import FLEET, built, plugin
+
+    b = built("    - {name: best, type: max-score-picker, parameters: {fallbacks: 0}}\n", "[{pluginRef: best}]")
+    p = plugin(b, "best")
+    assert isinstance(p, MaxScorePicker) and p.name == "best" and p.runtime is b.runtime and p.params.fallbacks == 0
+    # no scorer: every total is equal, so the order is the tie-break alone (its own urandom-seeded generator)
+    firsts = Counter(b.decide()[0] for _ in range(4000))
+    assert set(firsts) == set(FLEET) and all(800 < n < 1200 for n in firsts.values()), firsts  # about 1000 each

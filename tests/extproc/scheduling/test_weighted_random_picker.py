@@ -62,3 +62,25 @@ def test_fallbacks_parameter_bounds_the_list():
     assert len(picker(1).pick(None, {E1: 1, E2: 1, E3: 1, E4: 1})) == 2
     assert len(picker(16).pick(None, {E1: 1, E2: 1})) == 2
     assert picker().pick(None, {}) == ()
+
+
+def test_built_from_config_it_keeps_its_name_and_the_workers_runtime_and_draws_from_its_own_generator():
+    from tests.extproc.scheduling.fleet import FLEET, built, plugin
+
+    b = built("    - {name: wr, type: weighted-random-picker, parameters: {fallbacks: 1}}\n", "[{pluginRef: wr}]")
+    p = plugin(b, "wr")
+    assert isinstance(p, WeightedRandomPicker) and p.name == "wr" and p.runtime is b.runtime
+    # no scorer: every total is 0, so the order is uniform (the generator built with it, not a test's)
+    firsts = Counter()
+    for _ in range(4000):
+        order = b.decide()
+        assert len(order) == 2 and len(set(order)) == 2 and set(order) <= set(FLEET)
+        firsts[order[0]] += 1
+    assert set(firsts) == set(FLEET) and all(800 < n < 1200 for n in firsts.values()), firsts  # about 1000 each
+
+
+def test_each_instance_has_its_own_urandom_seeded_generator():
+    a = WeightedRandomPicker("a", WeightedRandomPickerParameters(), Runtime())
+    b = WeightedRandomPicker("b", WeightedRandomPickerParameters(), Runtime())
+    assert isinstance(a.rng, random.Random) and a.rng is not b.rng
+    assert [a.rng.random() for _ in range(4)] != [b.rng.random() for _ in range(4)]
