@@ -298,6 +298,10 @@ class Result:
     tokens: int = 0
     end: float = 0.0
     status: int = 0
+    start: float = 0.0
+    prompt_tokens: int | None = None  # from the usage chunk
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (the simulator reports it)
+    req: Any = None
 
 
 def row(workload: str, load: float, policy: str, results: Sequence[Result], window_start: float,
@@ -454,7 +458,7 @@ async def one_request(client, url: str, r: Req, timeout: float) -> Result:
     body = {"model": r.model, "messages": list(r.messages), "max_tokens": r.max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = time.monotonic()
-    res = Result(ok=False)
+    res = Result(ok=False, start=t0, req=r)
     last = None
     chunks = 0
     usage_tokens = None
@@ -475,7 +479,10 @@ async def one_request(client, url: str, r: Req, timeout: float) -> Result:
                     break
                 doc = json.loads(data)
                 if doc.get("usage"):
-                    usage_tokens = doc["usage"].get("completion_tokens")
+                    usage = doc["usage"]
+                    usage_tokens = usage.get("completion_tokens")
+                    res.prompt_tokens = usage.get("prompt_tokens")
+                    res.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                 content = any((c.get("delta") or {}).get("content") for c in doc.get("choices") or ())
                 if content:
                     now = time.monotonic()
@@ -539,6 +546,20 @@ async def closed_loop(url: str, reqs: Sequence[Req], clients: int, warmup: float
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         await asyncio.gather(*(worker(client) for _ in range(clients)))
     return done_in_window / duration
+
+
+def dump_requests(path: str, policy: str, workload: str, load: float, results: Sequence[Result],
+                  window_start: float) -> None:
+    with open(path, "a") as f:
+        for res in results:
+            r = res.req
+            f.write(json.dumps({
+                "policy": policy, "workload": workload, "load": load, "at_s": round(res.start - window_start, 3),
+                "group": r.group if r else None, "turn": r.turn if r else None, "model": r.model if r else None,
+                "ok": res.ok, "status": res.status, "ttft_ms": round(res.ttft * 1e3, 1) if res.ttft is not None else None,
+                "prompt_tokens": res.prompt_tokens, "cached_tokens": res.cached_tokens,
+                # the node's speed shows in its inter-token latency (step time / speed)
+                "itl_p50_ms": round(percentile([x * 1e3 for x in res.itls], 50), 1) if res.itls else None}) + "\n")
 
 
 def wait_idle(client, fleet, limit: float = 60.0) -> None:
@@ -628,6 +649,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per cell")
     ap.add_argument("--warmup", type=float, default=10.0, help="seconds of arrivals sent before measuring")
     ap.add_argument("--capacity-duration", type=float, default=20.0)
+    ap.add_argument("--capacity", help="skip the capacity measurement: WORKLOAD=REQ_PER_S,... from an earlier run "
+                                       "(on the same machine and fleet; for iterating on one policy)")
     ap.add_argument("--time-scale", type=float, default=5.0)
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
@@ -635,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--no-write", action="store_true", help="print only: RESULTS.md and results/routing.json untouched")
+    ap.add_argument("--dump", help="append one JSON line per measured request (policy, workload, load, group, turn, "
+                                   "model, ttft_ms, prompt_tokens, cached_tokens, status) to this file, to diagnose")
     args = ap.parse_args(argv)
     if args.quick:
         args.duration, args.warmup, args.capacity_duration = 3.0, 1.0, 4.0
@@ -662,11 +687,18 @@ def main(argv: list[str] | None = None) -> int:
     capacity: dict[str, float] = {}
     timeout = 120.0
     try:
-        # 1. capacity: closed loop through Envoy's least request
-        st = start_stack("least-request", fleet, run_dir)
+        # 1. capacity: closed loop through Envoy's least request (or as given)
+        if args.capacity:
+            for item in args.capacity.split(","):
+                w, _, v = item.partition("=")
+                capacity[w.strip()] = float(v)
+            missing = [w for w in workloads if w not in capacity]
+            if missing:
+                ap.error(f"--capacity has no value for {', '.join(missing)}")
+        st = start_stack("least-request", fleet, run_dir) if not args.capacity else None
         try:
             clients = int(1.25 * sum(n.max_num_seqs for n in FLEET))
-            for w in workloads:
+            for w in workloads if st is not None else ():
                 reqs = make_requests(shapes[w], 4000, salt=f"capacity/{w}", seed=args.seed)
                 cap = asyncio.run(closed_loop(st.url + "/v1/chat/completions", reqs, clients,
                                               2.0 if args.quick else max(3.0, args.warmup),
@@ -675,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"capacity {w}: {cap:.2f} req/s ({clients} closed-loop clients, least-request)", flush=True)
                 wait_idle(sync, fleet)
         finally:
-            st.stop()
+            if st is not None:
+                st.stop()
         # 2. the cells, one policy's stack at a time
         for policy in policies:
             st = start_stack(policy, fleet, run_dir)
@@ -691,6 +724,8 @@ def main(argv: list[str] | None = None) -> int:
                         results, w_start = asyncio.run(open_loop(st.url + "/v1/chat/completions", reqs, arrivals,
                                                                  args.warmup, total, timeout))
                         c1, d1 = sim_counters(sync, fleet), decision_buckets(sync, st, policy)
+                        if args.dump:
+                            dump_requests(args.dump, policy, w, load, results, w_start)
                         counts = {k: c1[k]["requests"] - c0[k]["requests"] for k in c1}
                         hits = sum(c1[k]["hits"] - c0[k]["hits"] for k in c1)
                         queries = sum(c1[k]["queries"] - c0[k]["queries"] for k in c1)
@@ -739,13 +774,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"- SIMULATOR results (backends/simulator_openai.py `--latency-model vllm`, time scale "
                     f"{args.time_scale:g}: latencies are simulated ms x {args.time_scale:g}), not measurements of vLLM.\n"
                     f"- fleet: {fleet_txt}; LoRA sql-lora, chat-lora on every node, --max-loras 1.\n"
-                    f"- capacity (closed loop, least-request): "
+                    + (f"- capacity (given with --capacity, not measured in this run): " if args.capacity else
+                     f"- capacity (closed loop, least-request): ")
                     + ", ".join(f"{w} {c:.2f} req/s" for w, c in capacity.items())
                     + f"; per cell {args.warmup:g} s warm-up + {args.duration:g} s measured, Poisson.\n"
                     f"- machine load average (1 min) at the start: {load_before:.1f} on {os.cpu_count()} cores"
                     + (": `--quick`, tens of requests per cell (p99 is about the maximum), on cores shared with other "
                        "work: NOT final numbers" if args.quick else "") + ".\n"
-                    f"- decision and plugin p50s come from histogram buckets (…, 10, 25, 50, 100, 250 µs, …), "
+                    f"- decision and plugin p50s come from histogram buckets "
+                    f"(…, 10, 15, 20, 30, 40, 50, 60, 80, 100, 150, 250 µs, …), "
                     f"interpolated: a value means 'in that bucket'.\n\n"
                     f"{tbl}\n\nGoals of issue 10 item 7/8 (this run):\n\n"
                     + "\n".join("- " + g for g in checked) + "\n")

@@ -12,7 +12,9 @@ writes in flight at the instant of reading (staleness bound: none beyond memory 
 request's own increment is visible to the next read in any process). A worker that restarts
 re-opens its file with zeroed counters... of its own requests only, which all ended with it.
 Without a directory (tests, single process) the table is private to the process.
-Cost: `started`/`finished` about 1 us (hash + probe + struct write); `get` about 1 us per worker.
+Cost: `started`/`finished` about 0.5 us (the endpoint's key and slot offset are cached after the
+first use: one struct read and write); `get` about 0.5 us per worker; `counts(endpoints)` reads
+each worker's table once for all of them (about 0.3 us per endpoint and worker).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import hashlib
 import mmap
 import os
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -35,16 +38,28 @@ def endpoint_key(endpoint: str) -> int:
 
 
 class _Table:
-    __slots__ = ("buf", "path", "ino", "checked")
+    __slots__ = ("buf", "path", "ino", "checked", "offsets", "words")
 
     def __init__(self, buf: mmap.mmap | bytearray, path: Path | None, ino: int = 0):
         self.buf = buf
         self.path = path
         self.ino = ino
         self.checked = time.monotonic()
+        self.offsets: dict[int, int] = {}  # key -> its slot's offset (a slot never moves nor empties)
+        # the table as u64 words for the readers (native order: little-endian hosts only, else None)
+        self.words = memoryview(buf).cast("Q") if sys.byteorder == "little" else None
 
     def find(self, key: int, insert: bool) -> int:
         """Byte offset of `key`'s slot, or -1 when absent (and not inserting, or the table is full)."""
+        off = self.offsets.get(key)
+        if off is not None:
+            return off
+        off = self._probe(key, insert)
+        if off >= 0:
+            self.offsets[key] = off
+        return off
+
+    def _probe(self, key: int, insert: bool) -> int:
         i = key % SLOTS
         for _ in range(SLOTS):
             off = i * _SLOT.size
@@ -68,6 +83,7 @@ class InflightTable:
         self._peers: dict[int, _Table] = {}
         self._peer_ids: tuple[int, ...] = ()
         self._listed = 0.0
+        self._keys: dict[str, int] = {}  # endpoint -> endpoint_key (bounded by the endpoints ever named)
 
     def _open(self, index: int, create: bool) -> _Table | None:
         if self.directory is None:
@@ -92,9 +108,15 @@ class InflightTable:
             os.close(fd)
         return _Table(buf, path, ino)
 
+    def key(self, endpoint: str) -> int:
+        k = self._keys.get(endpoint)
+        if k is None:
+            k = self._keys[endpoint] = endpoint_key(endpoint)
+        return k
+
     def _bump(self, endpoint: str, field: int) -> None:
         table = self._own
-        off = table.find(endpoint_key(endpoint), insert=True)
+        off = table.find(self.key(endpoint), insert=True)
         if off < 0:
             return
         pos = off + 8 * field
@@ -132,7 +154,7 @@ class InflightTable:
 
     def get(self, endpoint: str) -> int:
         """In-flight requests to `endpoint` over every worker (never negative)."""
-        key = endpoint_key(endpoint)
+        key = self.key(endpoint)
         total = 0
         for t in self._tables():
             off = t.find(key, insert=False)
@@ -141,8 +163,33 @@ class InflightTable:
                 total += started - finished
         return max(total, 0)
 
+    def counts(self, endpoints) -> dict[str, int]:
+        """`get` of each endpoint, reading every worker's table once (what a scorer of N candidates calls)."""
+        key = self.key
+        keys = [(e, key(e)) for e in endpoints]
+        totals = dict.fromkeys(endpoints, 0)
+        unpack = _SLOT.unpack_from
+        for t in self._tables():
+            offsets, words = t.offsets, t.words
+            for e, k in keys:
+                off = offsets.get(k)
+                if off is None:
+                    off = t.find(k, False)
+                    if off < 0:
+                        continue
+                if words is not None:
+                    i = off >> 3
+                    totals[e] += words[i + 1] - words[i + 2]
+                else:
+                    _, started, finished = unpack(t.buf, off)
+                    totals[e] += started - finished
+        for e, n in totals.items():
+            if n < 0:
+                totals[e] = 0
+        return totals
+
     def own(self, endpoint: str) -> int:
-        off = self._own.find(endpoint_key(endpoint), insert=False)
+        off = self._own.find(self.key(endpoint), insert=False)
         if off < 0:
             return 0
         _, started, finished = _SLOT.unpack_from(self._own.buf, off)

@@ -8,7 +8,8 @@ within the same request and needs no scrape. Bounded (`bounded = True`): the fra
 Formula: score(e) = 1 - inflight(e) / max over candidates of inflight; every candidate 1.0 when
 none has a request in flight (so equal loads tie, and the picker breaks the tie).
 Parameters: none.
-Data consumed: in-flight counters. Cost: about 2 us per candidate (shared-memory reads over the workers).
+Data consumed: in-flight counters. Cost: one `InflightTable.counts` over the candidates (about 0.3 us
+per candidate and worker: shared-memory reads).
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ class InFlightScorer(Plugin):
     Parameters: ClassVar[type] = InFlightScorerParameters
 
     def score(self, ctx: Any, candidates: tuple[str, ...]) -> dict[str, float]:
-        get = self.runtime.inflight.get
-        counts = {e: get(e) for e in candidates}
+        counts = self.runtime.inflight.counts(candidates)
         busiest = max(counts.values(), default=0)
         if busiest <= 0:
             return dict.fromkeys(candidates, 1.0)

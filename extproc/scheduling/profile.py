@@ -78,6 +78,28 @@ def normalise(raw: Mapping[str, float], candidates: tuple[str, ...], bounded: bo
     return {e: ((present[e] - lo) / span if e in present else 0.0) for e in candidates}
 
 
+_INF = math.inf
+
+
+def _add_bounded(totals: dict[str, float], raw: Mapping[str, float], candidates: tuple[str, ...],
+                 weight: float) -> bool:
+    """`normalise(raw, candidates, bounded=True)` times `weight`, added into `totals`, for the usual
+    case of float (or missing) scores; False, with `totals` untouched, when a value is anything else."""
+    get = raw.get
+    vals = [get(e) for e in candidates]
+    for v in vals:
+        if v is not None and v.__class__ is not float:
+            return False
+    for e, v in zip(candidates, vals):
+        if v is None:
+            continue
+        if 0.0 < v < 1.0:
+            totals[e] += weight * v
+        elif 1.0 <= v < _INF:
+            totals[e] += weight
+    return True
+
+
 class SchedulingProfile:
     """One profile's plugins in order, bound to the worker's long-lived plugin instances."""
 
@@ -164,21 +186,25 @@ class SchedulingProfile:
             totals = dict.fromkeys(candidates, 0.0)
             for name, scorer, weight, bounded in self.scorers:
                 t0 = perf_counter_ns()
+                norm = None
                 try:
                     raw = scorer.score(ctx, candidates)
-                    norm = normalise(raw, candidates, bounded)
+                    if not (bounded and explain is None and _add_bounded(totals, raw, candidates, weight)):
+                        norm = normalise(raw, candidates, bounded)  # unbounded, explained, or not all floats
+                    if norm is not None:
+                        for e in candidates:
+                            totals[e] += weight * norm[e]
+                    ok = True
                 except Exception:
                     self._failed(name, "scorer", pending, children)
                     raw = norm = None
-                if norm is not None:
-                    for e in candidates:
-                        totals[e] += weight * norm[e]
+                    ok = False
                 if pending is not None:
                     pending.observe(children[("scorer", name)][0], (perf_counter_ns() - t0) * 1e-9)
                 if explain is not None:
                     explain["scorers"].append({
-                        "plugin": name, "weight": weight, "bounded": bounded, "failed": norm is None,
-                        "raw": {e: _jsonable(raw.get(e)) for e in candidates} if norm is not None else None,
+                        "plugin": name, "weight": weight, "bounded": bounded, "failed": not ok,
+                        "raw": {e: _jsonable(raw.get(e)) for e in candidates} if ok else None,
                         "normalised": norm})
             name, picker = self.picker
             t0 = perf_counter_ns()

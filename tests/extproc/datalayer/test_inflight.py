@@ -95,6 +95,25 @@ def test_sum_over_workers_is_never_negative(tmp_path, clock):
     assert w0.get(EP) == 0 and w1.get(EP) == 0
 
 
+def test_counts_reads_every_worker_once_and_agrees_with_get(tmp_path, clock):
+    w0, w1 = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
+    third = "10.0.0.9:8000"
+    bump(w0, EP, started=2)
+    bump(w1, EP, started=3, finished=1)
+    bump(w1, OTHER, finished=2)  # more releases than starts: 0, not -2
+    assert w0.counts((EP, OTHER, third)) == {EP: 4, OTHER: 0, third: 0}
+    # `third` was absent from w1's table at that read: its slot is found once w1 inserts it
+    bump(w1, third, started=5)
+    bump(w0, third, started=1)
+    got = w0.counts([EP, third])
+    assert got == {EP: 4, third: 6} == {e: w0.get(e) for e in (EP, third)}
+    # a restarted peer maps a new file whose slots may sit elsewhere: offsets are per mapped file
+    w1b = InflightTable(tmp_path, 1)
+    bump(w1b, third, started=1)
+    clock.now += 1.1
+    assert w0.counts([EP, third]) == {EP: 2, third: 2}
+
+
 def test_a_worker_added_later_is_seen_after_the_relisting(tmp_path, clock):
     w0 = InflightTable(tmp_path, 0)
     assert w0.get(EP) == 0  # lists the directory now: no peers

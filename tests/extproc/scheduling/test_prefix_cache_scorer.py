@@ -1,9 +1,9 @@
-"""Scorer `prefix-cache-scorer`: cumulative blake2b block hashes of the prompt, a per-endpoint LRU index learned
+"""Scorer `prefix-cache-scorer`: running CRC-32 block keys of the prompt, a per-endpoint LRU index learned
 from the profile's own picks (the `picked` hook), score = matched leading blocks / blocks; the LRU bound."""
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 
 import pytest
 
@@ -36,16 +36,18 @@ def test_is_a_bounded_scorer_with_gie_defaults():
     assert (p.block_size, p.max_prefix_blocks_to_match, p.lru_capacity_per_server) == (64, 256, 31250)
 
 
-def test_block_hashes_are_chained_blake2b_with_the_model_first():
-    h0 = hashlib.blake2b(b"m", digest_size=8).digest()
-    h1 = hashlib.blake2b(b"abcd" + h0, digest_size=8).digest()
-    h2 = hashlib.blake2b(b"efgh" + h1, digest_size=8).digest()
+def test_block_hashes_are_a_running_crc32_with_the_model_first_and_the_depth_above():
+    h1 = 1 << 32 | zlib.crc32(b"mabcd")  # the CRC of the model name and the whole prefix
+    h2 = 2 << 32 | zlib.crc32(b"mabcdefgh")
     assert block_hashes("m", "abcdefghij", 4, 100) == [h1, h2]  # "ij": a partial block, ignored
+    assert block_hashes("m", b"abcdefghij", 4, 100) == [h1, h2]  # bytes as given
     assert block_hashes("m", "abcdefgh", 4, 1) == [h1]  # at most max blocks
     assert block_hashes("other", "abcdefgh", 4, 9)[0] != h1  # another model shares nothing
     assert block_hashes("m", "abc", 4, 9) == []
     # cumulative: block 2 names the whole prefix, so the same block after another prefix differs
     assert block_hashes("m", "zzzzefgh", 4, 9)[1] != h2
+    # blocks are UTF-8 bytes: "é" is two, so "aéb" + "c" is one 4-byte block
+    assert block_hashes("m", "a\u00e9bc", 4, 9) == [1 << 32 | zlib.crc32("ma\u00e9b".encode())]
 
 
 def test_score_is_the_share_of_leading_blocks_the_endpoint_was_sent():

@@ -10,7 +10,10 @@ import orjson
 import pytest
 
 from extproc.scheduling import NoCapacity
-from extproc.scheduling.profile import SchedulingProfile, normalise
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extproc.scheduling.profile import SchedulingProfile, _add_bounded, normalise
 from tests.extproc.scheduling.conftest import E1, E2, E3, E4, POOL, build, gateway
 
 # --- normalise -------------------------------------------------------------------------------------
@@ -54,6 +57,23 @@ def test_bounded_scores_are_only_clamped():
         E1: 0.0, E2: 1.0, E3: 0.5, E4: 0.0}
     # all equal stays as it is (not 1.0)
     assert normalise({E1: 0.3, E2: 0.3}, (E1, E2), bounded=True) == {E1: 0.3, E2: 0.3}
+
+
+_SCORE = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-3, 3), st.just("x"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=st.dictionaries(st.sampled_from(POOL + ("127.0.0.1:9999",)), _SCORE), weight=st.floats(0, 10))
+def test_the_bounded_fast_path_adds_what_normalise_gives(raw, weight):
+    """The framework's fast path for bounded scorers (explanation off) adds weight * normalise(bounded)
+    into the totals, or reports that it cannot (a non-float value) and leaves the totals as they were."""
+    totals = dict.fromkeys(POOL, 1.0)
+    added = _add_bounded(totals, raw, POOL, weight)
+    norm = normalise(raw, POOL, bounded=True)
+    if all(raw.get(e) is None or raw[e].__class__ is float for e in POOL):  # non-candidates are not read
+        assert added and totals == pytest.approx({e: 1.0 + weight * norm[e] for e in POOL})
+    else:
+        assert not added and totals == dict.fromkeys(POOL, 1.0)
 
 
 # --- weights and totals ----------------------------------------------------------------------------
