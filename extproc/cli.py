@@ -10,6 +10,8 @@ Examples:
   adapterctl tools tests/data/openapi/petstore.yaml --format mcp
   adapterctl align LEGACY.yaml ADAPTER_SCHEMA.json -o mapping.yaml --report report.md
   adapterctl quota --watch                                         # tenants' CPU against quotas
+  adapterctl bundle build adapters/finance -o finance.zip --version 1.2.0 --sign-key key.pem
+  adapterctl bundle verify finance.zip --public-key key.pub        # 1 and the reasons when refused
 Exit codes: 0 ok, 1 invalid config or failed check, 2 usage error, 3 start-up failure.
 """
 
@@ -366,6 +368,31 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return 1 if lagging or doc.get("errors") else 0
 
 
+def cmd_bundle(args: argparse.Namespace) -> int:
+    """`bundle build` / `bundle verify`: the logic is canary/bundle.py (imported here, not at start-up)."""
+    from canary.bundle import BundleError, build, verify
+
+    try:
+        if args.bundle_command == "build":
+            m = build(args.directory, args.output, version=args.version, name=args.name, sign_key=args.sign_key)
+            signed = "signed" if args.sign_key else "unsigned"
+            print(f"built {args.output}: {m.name} {m.version} ({m.created}), {len(m.files)} files, {signed}")
+            return 0
+        b = verify(args.file, public_key=args.public_key, require_signature=args.require_signature)
+    except BundleError as e:
+        print(f"adapterctl bundle {args.bundle_command}: refused {getattr(args, 'file', None) or args.directory}:",
+              file=sys.stderr)
+        for p in e.problems:
+            print(f"  {p.file}: {p.field}: {p.reason}", file=sys.stderr)
+        return 1
+    m = b.manifest
+    sig = ("signature verified" if b.signature_checked else
+           "signed, signature not checked (no --public-key)" if b.signed else "unsigned")
+    print(f"ok {args.file}: {m.name} {m.version} ({m.created}), {len(m.files)} files, {sig}, "
+          f"manifest sha256 {b.digest}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="adapterctl", description=__doc__.split("\n")[0],
                                 epilog=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -426,6 +453,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--url", default="http://127.0.0.1:8080", help="gateway URL")
     s.add_argument("--timeout", type=float, default=60.0)
     s.set_defaults(fn=cmd_test)
+
+    s = sub.add_parser("bundle", help="build or verify an adapter bundle (a SHA256-manifested, optionally "
+                       "signed ZIP)", description="Adapter bundles (canary/bundle.py, docs/canary.md). Exit 0 "
+                       "when built or verified, 1 when refused (every problem on stderr as FILE: FIELD: REASON).")
+    bsub = s.add_subparsers(dest="bundle_command", required=True)
+    b = bsub.add_parser("build", help="zip every regular file of DIR with a manifest (and a signature)")
+    b.add_argument("directory", metavar="DIR")
+    b.add_argument("-o", "--output", required=True, metavar="FILE.zip")
+    b.add_argument("--version", help="the bundle's version (default: the build time, YYYYMMDD.HHMMSS)")
+    b.add_argument("--name", help="the bundle's name (default: DIR's name)")
+    b.add_argument("--sign-key", metavar="KEY.pem", help="sign the manifest with this ed25519 private key (PEM)")
+    b.set_defaults(fn=cmd_bundle)
+    b = bsub.add_parser("verify", help="check every file's SHA256, the file list, paths, sizes and the signature")
+    b.add_argument("file", metavar="FILE.zip")
+    b.add_argument("--public-key", metavar="KEY.pub", help="the signature must verify with this ed25519 public "
+                   "key (PEM or OpenSSH)")
+    b.add_argument("--require-signature", action="store_true", help="refuse an unsigned bundle")
+    b.set_defaults(fn=cmd_bundle)
 
     from extproc.semantic.cli import register
 
