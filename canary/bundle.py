@@ -397,7 +397,8 @@ def _manifest(data: bytes) -> tuple[Manifest | None, list[Problem]]:
         files = {}
     for path, digest in files.items():
         if not isinstance(digest, str) or not _SHA256.match(digest):
-            problems.append(Problem(path, f"files[{path!r}]", f"must be a lower-case SHA256 hex digest, not {digest!r}"))
+            problems.append(Problem(path, f"files[{path!r}]",
+                                    f"must be a lower-case SHA256 hex digest, not {digest!r}"))
     if problems:
         return None, problems
     return Manifest(doc["name"], doc["version"], doc["created"], dict(files)), []
@@ -462,7 +463,8 @@ def _load(z: zipfile.ZipFile, zpath: str, key, require_signature: bool, limits: 
                                 f"{limits.max_total_bytes}"))
     for n, i in payload.items():
         if i.file_size > limits.max_file_bytes:
-            problems.append(Problem(n, "size", f"{i.file_size} bytes, more than max_file_bytes {limits.max_file_bytes}"))
+            problems.append(Problem(n, "size",
+                                    f"{i.file_size} bytes, more than max_file_bytes {limits.max_file_bytes}"))
     if MANIFEST not in entries:
         problems.append(Problem(MANIFEST, "manifest", "is missing: not a bundle"))
     if problems:

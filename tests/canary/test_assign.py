@@ -223,7 +223,8 @@ def test_sources_are_tried_in_order_and_the_reasons_say_why_earlier_ones_gave_no
     assert k.reasons == ("header:x-session-id: empty", "claim:org.id: is a bool, not a string or integer")
     k = extract_key(policy, RequestFacts({}, None, "acme"))
     assert (k.key, k.source) == ("acme", "tenant")
-    assert k.reasons[1:] == ("claim:org.id: no verified JWT on this request", "claim:sub: no verified JWT on this request")
+    assert k.reasons[1:] == ("claim:org.id: no verified JWT on this request",
+                             "claim:sub: no verified JWT on this request")
     k = extract_key(policy, RequestFacts())
     assert k.key is None and k.reasons[-1] == "tenant: absent"
     # a caller that kept the client's header casing still finds it
