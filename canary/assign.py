@@ -299,6 +299,8 @@ class KeyPolicy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sources", tuple(self.sources))
+        if isinstance(self.trusted_headers, str):
+            raise RolloutError("trusted_headers", "must be a collection of header names, not one string")
         object.__setattr__(self, "trusted_headers", frozenset(h.strip().lower() for h in self.trusted_headers))
         for i, s in enumerate(self.sources):
             if not isinstance(s, (TrustedHeader, JwtClaim, TenantKey)):

@@ -25,8 +25,10 @@ header is caught by the size count and zipfile's CRC check); a manifest that is 
 has a missing or mistyped field; a file the manifest lists but the ZIP lacks, or the ZIP holds but the
 manifest does not list; a file whose SHA256 differs from the manifest's; with a public key, a missing,
 malformed or non-verifying signature (`require_signature` refuses an unsigned bundle without a key).
-Building refuses symlinks, special files, reserved names at the top (`manifest.json`, `manifest.sig`)
-and the same limits, so what `build` writes `load` accepts.
+Building takes every regular file, hidden ones included (there are no excludes: build from a clean
+directory, not a checkout with `.git`), and refuses symlinks, special files, unreadable files or
+directories, reserved names at the top (`manifest.json`, `manifest.sig`) and the same limits, so what
+`build` writes `load` accepts.
 Keys: ed25519 only. Private keys PEM (PKCS#8, `openssl genpkey -algorithm ed25519`, unencrypted);
 public keys PEM (SubjectPublicKeyInfo, `openssl pkey -pubout`) or OpenSSH (`ssh-ed25519 AAAA...`).
 Signing and checking need the `cryptography` package, imported only then (it is a test dependency of
@@ -254,7 +256,11 @@ def _walk(root: Path, limits: Limits) -> tuple[dict[str, Path], list[Problem]]:
     files: dict[str, Path] = {}
     problems: list[Problem] = []
     folded: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    def unreadable(e: OSError) -> None:  # os.walk would otherwise skip the directory silently
+        where = Path(e.filename).relative_to(root).as_posix() if e.filename else str(root)
+        problems.append(Problem(where, "file", f"cannot be listed: {e.strerror or e}"))
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=False):
         d = Path(dirpath)
         for name in sorted(dirnames):
             if (d / name).is_symlink():

@@ -278,6 +278,7 @@ def test_x_canary_forces_only_from_a_trusted_source():
     (lambda: KeyPolicy(("x-user-id",)), "sources[0]"),
     (lambda: JwtClaim("org..id"), "claim"),
     (lambda: TrustedHeader(" "), "header"),
+    (lambda: KeyPolicy((), trusted_headers="x-user-id"), "trusted_headers"),
 ])
 def test_invalid_rollouts_and_policies_name_the_field(build, field):
     with pytest.raises(RolloutError) as e:

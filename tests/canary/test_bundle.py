@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -336,6 +337,23 @@ def test_build_refuses_symlinks_and_reserved_names(src, tmp_path):
         build(src, out)
     assert sorted(problems(e)) == [("link.yaml", "path"), (MANIFEST, "path"), ("templates/dirlink", "path")]
     assert not out.exists()  # nothing half-written
+
+
+def test_build_refuses_an_unreadable_directory_rather_than_leaving_it_out(src, tmp_path, monkeypatch):
+    locked = src / "locked"
+    locked.mkdir()
+    (locked / "secret.yaml").write_text("x")
+    scandir = os.scandir
+
+    def denied(path="."):  # what chmod 000 does to anyone but root (the tests may run as root)
+        if Path(path) == locked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    with pytest.raises(BundleError) as e:
+        build(src, tmp_path / "x.zip")
+    assert problems(e) == [("locked", "file")] and "Permission denied" in e.value.problems[0].reason
 
 
 def test_build_refuses_a_missing_directory_and_bad_keys(src, tmp_path):
