@@ -21,7 +21,7 @@ What verification refuses (each a `Problem(file, field, reason)`, all of them co
 has `..`, `.` or empty parts, a backslash, a drive letter or a NUL (zip-slip), is a symlink, is
 encrypted, appears twice, or collides with another path ignoring case; more than `max_files` files, a
 file over `max_file_bytes`, more than `max_total_bytes` in all (declared or actually read: a lying
-header is caught by the size count and zipfile's CRC check); a manifest that is missing, not JSON, or
+header is caught by the size count and zipfile's CRC check: `content`); a manifest that is missing, not JSON, or
 has a missing or mistyped field; a file the manifest lists but the ZIP lacks, or the ZIP holds but the
 manifest does not list; a file whose SHA256 differs from the manifest's; with a public key, a missing,
 malformed or non-verifying signature (`require_signature` refuses an unsigned bundle without a key).
@@ -506,7 +506,7 @@ def _load(z: zipfile.ZipFile, zpath: str, key, require_signature: bool, limits: 
             problems += e.problems
             continue
         except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:  # CRC mismatch, truncated entry
-            problems.append(Problem(path, "sha256", f"cannot be read: {e}"))
+            problems.append(Problem(path, "content", f"cannot be read: {e}"))
             continue
         digest = hashlib.sha256(data).hexdigest()
         if digest != manifest.files[path]:

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import zipfile
 from pathlib import Path
@@ -322,6 +323,27 @@ def test_size_and_count_limits(signed, src, tmp_path):
     with pytest.raises(BundleError) as e:
         build(src, tmp_path / "x.zip", limits=Limits(max_file_bytes=20))
     assert sorted(problems(e)) == [("plugins.yaml", "size"), ("templates/request.j2", "size")]
+
+
+def test_a_size_header_that_lies_is_caught(tmp_path):
+    """The central directory and local header claim 100 bytes for a 1 MiB file: the read stops at
+    100 bytes (never past the declared size) and the CRC check refuses the entry."""
+    data = b"\0" * (1 << 20)
+    lie = tmp_path / "lie.zip"
+    with zipfile.ZipFile(lie, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(MANIFEST, json.dumps({"name": "b", "version": "1", "created": CREATED,
+                                         "files": {"zeros": hashlib.sha256(data).hexdigest()}}))
+        z.writestr("zeros", data)
+    raw = bytearray(lie.read_bytes())
+    central = raw.rfind(b"PK\x01\x02")  # the last entry's central directory record
+    local = raw.find(b"PK\x03\x04", 1)  # its local header
+    assert struct.unpack_from("<I", raw, central + 24)[0] == len(data)
+    struct.pack_into("<I", raw, central + 24, 100)
+    struct.pack_into("<I", raw, local + 22, 100)
+    lie.write_bytes(bytes(raw))
+    with pytest.raises(BundleError) as e:
+        load(lie)
+    assert problems(e) == [("zeros", "content")] and "CRC" in e.value.problems[0].reason
 
 
 # --------------------------------------------------------------------------------------------------
