@@ -196,3 +196,148 @@ async def test_a_path_from_the_endpoint_label_wins(simulators):
         models = (await c.get(f"http://127.0.0.1:{port}/v1/models")).json()["data"]
     assert {m["id"]: m["root"] for m in models}["fin-lora"] == "/from/label"
     lora.close()
+
+
+def test_built_from_config_under_its_name_with_the_workers_runtime():
+    b, lora = lora_fleet()
+    assert lora.name == "lora-affinity-scorer" and lora.runtime is b.runtime
+    st = request_state(b, model="sql-lora")
+    c = ctx_of(b, st)
+    lora.score(c, b.backend.endpoint_ids)
+    assert c.cycle == {("lora-affinity-scorer", "adapter"): "sql-lora"}  # what picked() reads back, under its name
+
+
+async def test_close_without_a_load_has_nothing_to_close():
+    lora = LoraAffinityScorer("lora", LoraAffinityScorerParameters(), Runtime())
+    lora.close()  # no client was ever made (inside a running loop, where a close would be scheduled)
+    assert lora._client is None
+
+
+LOG = "extproc.scheduling.lora_affinity_scorer"
+
+
+def warnings_of(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == LOG]
+
+
+async def test_a_refused_load_is_logged_with_the_engines_answer_and_already_loaded_is_not(simulators, caplog):
+    import logging
+
+    port = await simulators(lora_modules=(("fin-lora", "/preloaded/fin", "base-m"),))
+    from tests.extproc.scheduling.conftest import build
+
+    b = build(sim_config([port], "{loadOnDemand: true, loraPaths: {fin-lora: /adapters/fin, base-m: /not/an/adapter}}"))
+    lora = b.runtime.plugin(b.snap.plugins["lora-affinity-scorer"])
+    ep = b.backend.endpoint_ids[0]
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        b.decide(request_state(b, model="fin-lora"))
+        await until(lambda: not lora.loading, "the load")
+        assert lora.loaded == {ep: {"fin-lora"}} and warnings_of(caplog) == []  # "already been loaded": success
+        b.decide(request_state(b, model="base-m"))
+        await until(lambda: not lora.loading, "the load")
+    (message,) = warnings_of(caplog)
+    # the adapter, its path, the endpoint, the status and the engine's own words
+    assert message.startswith(f"loading LoRA adapter 'base-m' (/not/an/adapter) on {ep}: HTTP 400 ")
+    assert "'base-m' is a base model name, not an adapter." in message
+    client = lora._client
+    lora.close()
+    await until(lambda: client.is_closed, "the client's close")  # scheduled on the running loop
+    assert lora._client is None
+
+
+async def test_a_load_slower_than_load_timeout_fails_and_is_not_retried_within_retry_after(simulators, caplog):
+    import logging
+
+    port = await simulators(lora_load_ms=2000)  # the engine takes 2 s to answer the load
+    from tests.extproc.scheduling.conftest import build
+
+    b = build(sim_config([port], "{loadOnDemand: true, loadTimeout: 0.2, retryAfter: 60, "
+                                 "loraPaths: {fin-lora: /adapters/fin}}"))
+    lora = b.runtime.plugin(b.snap.plugins["lora-affinity-scorer"])
+    ep = b.backend.endpoint_ids[0]
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        b.decide(request_state(b, model="fin-lora"))
+        await until(lambda: not lora.loading, "the load")
+    ((_, _, status),) = lora.results
+    assert lora.results == [(ep, "fin-lora", status)] and status.startswith("ReadTimeout: ")  # 0.2 s, not the 2 s
+    assert lora.loaded == {} and (ep, "fin-lora") in lora.failed_until
+    assert warnings_of(caplog) == [f"loading LoRA adapter 'fin-lora' (/adapters/fin) on {ep} failed: {status}"]
+    b.decide(request_state(b, model="fin-lora"))
+    assert not lora.loading  # backed off
+    lora.close()
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once closed: connections are refused
+
+
+class FakeTime:
+    def __init__(self, t: float):
+        self.t = t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+async def test_retry_after_is_counted_from_the_failure(monkeypatch, caplog):
+    import logging
+
+    from extproc.scheduling import lora_affinity_scorer
+    from tests.extproc.scheduling.conftest import build
+
+    clock = FakeTime(100.0)
+    monkeypatch.setattr(lora_affinity_scorer, "time", clock)  # the module's clock only (not the event loop's)
+    b = build(sim_config([closed_port()], "{loadOnDemand: true, retryAfter: 10, loraPaths: {fin-lora: /adapters/fin}}"))
+    lora = b.runtime.plugin(b.snap.plugins["lora-affinity-scorer"])
+    ep = b.backend.endpoint_ids[0]
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        b.decide(request_state(b, model="fin-lora"))
+        await until(lambda: not lora.loading, "the load")
+    ((_, _, status),) = lora.results
+    assert status.startswith("ConnectError: ") and lora.loaded == {}
+    assert warnings_of(caplog) == [f"loading LoRA adapter 'fin-lora' (/adapters/fin) on {ep} failed: {status}"]
+    assert lora.failed_until == {(ep, "fin-lora"): 110.0}  # the failure's time + retryAfter
+    clock.t = 109.999
+    b.decide(request_state(b, model="fin-lora"))
+    assert not lora.loading  # within the 10 s
+    clock.t = 110.0
+    b.decide(request_state(b, model="fin-lora"))
+    assert (ep, "fin-lora") in lora.loading  # the 10 s are over: asked again
+    await until(lambda: not lora.loading, "the second load")
+    assert len(lora.results) == 2 and lora.failed_until == {(ep, "fin-lora"): 120.0}
+    lora.close()
+
+
+async def test_the_last_64_results_are_kept(monkeypatch):
+    from extproc.scheduling import lora_affinity_scorer
+    from tests.extproc.scheduling.conftest import build
+
+    monkeypatch.setattr(lora_affinity_scorer, "time", FakeTime(100.0))
+    b = build(sim_config([closed_port()], "{loadOnDemand: true, retryAfter: 0, loraPaths: {fin-lora: /adapters/fin}}"))
+    lora = b.runtime.plugin(b.snap.plugins["lora-affinity-scorer"])
+    for i in range(70):  # retryAfter 0: every decision asks again
+        b.decide(request_state(b, model="fin-lora"))
+        assert lora.loading
+        await until(lambda: not lora.loading, "the load")
+        assert len(lora.results) == min(i + 1, 64)
+    lora.close()
+
+
+async def test_the_load_goes_straight_to_the_endpoint_whatever_proxy_the_environment_names(simulators, monkeypatch):
+    port = await simulators()
+    from tests.extproc.scheduling.conftest import build
+
+    for var in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(var, f"http://127.0.0.1:{closed_port()}")  # a proxy that is not there
+    b = build(sim_config([port], "{loadOnDemand: true, loraPaths: {fin-lora: /adapters/fin}}"))
+    lora = b.runtime.plugin(b.snap.plugins["lora-affinity-scorer"])
+    b.decide(request_state(b, model="fin-lora"))
+    await until(lambda: not lora.loading, "the load")
+    assert lora.results == [(b.backend.endpoint_ids[0], "fin-lora", 200)]
+    lora.close()
