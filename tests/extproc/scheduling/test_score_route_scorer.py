@@ -342,3 +342,32 @@ def test_the_scorer_starts_its_poller_at_nvml_interval_s_and_close_stops_it(fake
         s.close()
     s.nvml._thread.join(timeout=10)
     assert not s.nvml._thread.is_alive() and made[0].closed
+
+
+def test_before_the_pollers_first_read_the_labels_count(monkeypatch):
+    import threading
+
+    from extproc.datalayer import nvml
+
+    gate = threading.Event()
+
+    class SlowNvml(FakeNvml):
+        def read(self):
+            gate.wait(10)  # NVML's first read has not returned yet
+            return super().read()
+
+    made = []
+    monkeypatch.setattr(nvml, "Nvml", lambda: made.append(SlowNvml([reading((4, 16), (12, 16))])) or made[-1])
+    head = FLEET_HEAD.replace("pool: shared,", 'pool: shared, nvmlGpu: "0,1",')
+    b = scoring(head=head)
+    s = plugin(b, "s")
+    try:
+        assert scores(b)[G1] == pytest.approx(1 - 12.7 / 16)  # starts the poller; no reading yet: the labels
+        assert s.nvml.reading is None and s.nvml.util((0, 1)) is None
+        gate.set()
+        wait_for(lambda: s.nvml.reading is not None, "the first read")
+        assert scores(b)[G1] == pytest.approx(1 - 16 / 32)
+    finally:
+        gate.set()
+        s.close()
+    s.nvml._thread.join(timeout=10)
