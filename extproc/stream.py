@@ -217,6 +217,8 @@ class ExtProcService:
                             if code:
                                 state.response_status = int(code)
                             state.served = attrs.get("upstream.address") or None
+                    if phase is _RESPONSE_BODY and state.first_body is None and msg.body:
+                        state.first_body = time.monotonic()
                     if phase is _RESPONSE_HEADERS and msg.headers:
                         state.response_status = int(msg.headers.get(":status", "0") or 0)
                     elif phase is _REQUEST_HEADERS and msg.headers:

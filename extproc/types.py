@@ -173,6 +173,9 @@ class RequestState:
     quota_stale: bool = False  # admission ran on stale tenant data
     observed: Outcome | None = None  # what a stage saw that status codes do not show (truncated)
     first_byte: float | None = None  # monotonic time of the first response message the stream saw
+    # monotonic time of the first response body bytes the stream saw (streamed bodies: an SSE stream's
+    # first event, which engines send with the first token, so first_body - started is the TTFT seen here)
+    first_body: float | None = None
     served: str | None = None  # "ip:port" of the endpoint that answered (Envoy's `upstream.address`)
     runtime: Any = None  # extproc.runtime.Runtime
     attrs: dict[str, Any] = field(default_factory=dict)  # stage-private values (one stage writes and reads)

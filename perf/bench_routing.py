@@ -107,23 +107,31 @@ FLEET = (
     Node("l40s-2", "l40s", 0.75, 16384), Node("a100-old", "a100-40gb", 0.5, 16384),
 )
 
-# ours: tuned on the quick runs (see RESULTS.md). Drop saturated endpoints (the EPP rule), then prefix
-# affinity first (weight 3; the learned index sized near the fleet's KV: 512 blocks of 256 characters =
-# 32768 tokens, so it forgets roughly what a node has evicted, and 256-character blocks hash a quarter as
-# much as GIE's 64), then the gateway's own in-flight counts (weight 2: exact and current, where scraped
-# queue and KV numbers are up to a scrape interval old and make every decision between two scrapes pick
-# the same endpoint), the engine queue (1) and LoRA affinity (1). The first quick run had
-# kv-cache-utilization-scorer 1 and no in-flight scorer: it herded onto the endpoint with the lowest KV
-# use (low-sharing p50 TTFT 2-3x least request's).
+# ours. Drop saturated endpoints (the EPP rule); then predicted TTFT decides (weight 10): per candidate
+# (base + prefill * uncached KB + slot wait * requests waiting for a slot) / speed, from the gateway's
+# own exact view (its prefix index's match, its in-flight counts against each node's slots, limited by
+# the node's KV tokens; the `speed`, `max-num-seqs` and `kv-tokens` labels), refit online from the
+# observed TTFTs. Its starting costs are the simulator's latency model at time scale 5, as an operator
+# would set them from their engine's benchmark: prefill 33 us/token x 250 tokens/KB x 5 = 41.25 ms/KB;
+# a first step (6.2 + 0.3 x 8 seqs) x 5 = 43 ms; a slot frees every 32 steps x 43 ms / 8 slots = 172 ms.
+# Prefix affinity, capacity-relative in-flight counts and LoRA affinity at weight 1 break its ties.
+# History (RESULTS.md): the first profile (prefix 3, in-flight relative to the busiest candidate 2,
+# queue 1, LoRA 1) sent a request off its group's warm node to a cold one whenever the warm node was
+# the busiest, even at 2 of 8 slots: cold 2304-token prefills were the shared-prefix p99 (650 vs the EPP
+# default profile's 484 ms at 80%). Weighted-score variants (in-flight against capacity, weights 2-3)
+# came to the EPP profile's level but not below it.
 ADAPTER_GATEWAY_PLUGINS = [
     {"type": "saturation-filter", "parameters": {"queueDepthThreshold": 4, "kvCacheUtilThreshold": 0.95}},
-    {"type": "prefix-cache-scorer", "parameters": {"blockSize": 256, "lruCapacityPerServer": 512}},
-    {"type": "in-flight-scorer"}, {"type": "queue-scorer"}, {"type": "lora-affinity-scorer"},
+    {"type": "prefix-cache-scorer", "parameters": {"blockSize": 256}},
+    {"type": "predicted-ttft-scorer", "parameters": {"ttftSloMs": 2000, "baseMs": 43, "prefillMsPerKb": 41.25,
+                                                     "slotWaitMs": 172}},
+    {"type": "in-flight-scorer", "parameters": {"capacityLabel": "max-num-seqs"}},
+    {"type": "lora-affinity-scorer"},
     {"type": "max-score-picker", "parameters": {"fallbacks": 1}},
 ]
 ADAPTER_GATEWAY_PROFILE = [
-    {"pluginRef": "saturation-filter"}, {"pluginRef": "prefix-cache-scorer", "weight": 3},
-    {"pluginRef": "in-flight-scorer", "weight": 2}, {"pluginRef": "queue-scorer", "weight": 1},
+    {"pluginRef": "saturation-filter"}, {"pluginRef": "prefix-cache-scorer", "weight": 1},
+    {"pluginRef": "predicted-ttft-scorer", "weight": 10}, {"pluginRef": "in-flight-scorer", "weight": 1},
     {"pluginRef": "lora-affinity-scorer", "weight": 1}, {"pluginRef": "max-score-picker"},
 ]
 
@@ -352,7 +360,8 @@ def start_fleet(time_scale: float) -> list[tuple[Node, subprocess.Popen, int]]:
 
 def gateway_config(policy: str, fleet: Sequence[tuple[Node, Any, int]]) -> dict:
     endpoints = [{"address": f"127.0.0.1:{port}",
-                  "labels": {"gpu": n.gpu, "speed": str(n.speed), "kv-tokens": str(n.kv_tokens), "node": n.name}}
+                  "labels": {"gpu": n.gpu, "speed": str(n.speed), "kv-tokens": str(n.kv_tokens), "node": n.name,
+                             "max-num-seqs": str(n.max_num_seqs)}}
                  for n, _, port in fleet]
     backend: dict[str, Any] = {"name": "pool", "kind": "vllm", "endpoints": endpoints}
     plugins: list = []
@@ -373,6 +382,10 @@ def gateway_config(policy: str, fleet: Sequence[tuple[Node, Any, int]]) -> dict:
                    {"pluginRef": "prefix-cache-scorer", "weight": 3}, {"pluginRef": "max-score-picker"}]
     elif policy == "adapter-gateway":
         plugins, profile = ADAPTER_GATEWAY_PLUGINS, ADAPTER_GATEWAY_PROFILE
+        override = os.environ.get("BENCH_ROUTING_PROFILE")  # tuning: {"plugins": [...], "profile": [...]}
+        if override:
+            doc = json.loads(Path(override).read_text())
+            plugins, profile = doc["plugins"], doc["profile"]
     elif policy == "oracle":
         plugins = [{"type": "simulator-oracle-scorer"}, {"type": "max-score-picker", "parameters": {"fallbacks": 1}}]
         profile = [{"pluginRef": "simulator-oracle-scorer"}, {"pluginRef": "max-score-picker"}]

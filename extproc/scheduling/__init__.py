@@ -152,6 +152,7 @@ def plugin_types() -> Mapping[str, type]:
     from extproc.scheduling.max_score_picker import MaxScorePicker
     from extproc.scheduling.model_version_filter import ModelVersionFilter
     from extproc.scheduling.pinned_endpoint import PinnedEndpoint
+    from extproc.scheduling.predicted_ttft_scorer import PredictedTtftScorer
     from extproc.scheduling.prefix_cache_scorer import PrefixCacheScorer
     from extproc.scheduling.queue_scorer import QueueScorer
     from extproc.scheduling.random_picker import RandomPicker
@@ -168,6 +169,7 @@ def plugin_types() -> Mapping[str, type]:
         PrefixCacheScorer, LoraAffinityScorer, MaxScorePicker, WeightedRandomPicker, RandomPicker, LeastInFlight,
         PinnedEndpoint,
         ModelVersionFilter, TenantPoolFilter, IntentFilter, ScoreRouteScorer, RttScorer, TtftHeadroomScorer,
+        PredictedTtftScorer,
         SimulatorOracleScorer)})
 
 

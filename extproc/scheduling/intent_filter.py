@@ -104,7 +104,8 @@ class IntentFilter(Plugin):
         if clf is None or ctx.request is None:
             return None
         text = ctx.request.prompt_text()
-        return self._intent_of(None, text, clf, min_confidence=self.params.min_confidence) if text else None
+        label = self._intent_of(None, text, clf, min_confidence=self.params.min_confidence) if text else None
+        return label.lower() if isinstance(label, str) else label  # intents are keyed lower-cased
 
     def filter(self, ctx: Any, candidates: tuple[str, ...]) -> list[str] | tuple[str, ...]:
         intent = self.intent(ctx)

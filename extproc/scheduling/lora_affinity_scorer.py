@@ -152,8 +152,9 @@ class LoraAffinityScorer(Plugin):
         try:
             if self._client is None:
                 self._client = httpx.AsyncClient(timeout=self.params.load_timeout, trust_env=False)
-            resp = await self._client.post(f"http://{endpoint}/v1/load_lora_adapter",
-                                           json={"lora_name": adapter, "lora_path": path})
+            resp = await self._client.post(f"http://{endpoint}/v1/load_lora_adapter",  # the timeout of now:
+                                           json={"lora_name": adapter, "lora_path": path},  # a reload may change it
+                                           timeout=self.params.load_timeout)
             status = resp.status_code
             ok = status == 200 or (status == 400 and "already been loaded" in resp.text)
             if not ok:

@@ -36,6 +36,8 @@ score(e) = matched_leading_blocks(e) / blocks (0 when blocks = 0). Bounded: the 
 Parameters: `blockSize` (bytes, default 64), `maxPrefixBlocksToMatch` (default 256),
 `lruCapacityPerServer` (blocks per endpoint, default 31250: GIE's, sized for Llama-3-8B on an
 H100's free HBM, 500K tokens / 16 per block).
+Shared with later plugins of the profile: `ctx.cycle["prefix_match"]` (each candidate's score) and
+`ctx.cycle["prompt_bytes"]` (the prompt's UTF-8 length); predicted-ttft-scorer reads them.
 Data consumed: the request's prompt and model, this plugin's own index. Cost (2 shared cores, 8
 endpoints, timeit): hashing about 0.2 us per block (a 9 KB prompt at blockSize 256: 36 blocks, 7 us),
 computed once per decision (`ctx.cycle`); O(log blocks) int lookups per candidate to score; about
@@ -54,6 +56,10 @@ from pydantic import Field
 from extproc.scheduling import Parameters, Plugin
 
 _crc32 = zlib.crc32
+# what score() leaves in `ctx.cycle` for the profile's later plugins: {endpoint: matched share}, and
+# the prompt's length in UTF-8 bytes
+PREFIX_MATCH = "prefix_match"
+PROMPT_BYTES = "prompt_bytes"
 
 
 class PrefixCacheScorerParameters(Parameters):
@@ -105,7 +111,9 @@ class PrefixCacheScorer(Plugin):
                 found = []
             else:
                 p = self.params
-                found = block_hashes(req.model, req.prompt_text(), p.block_size, p.max_prefix_blocks_to_match)
+                data = req.prompt_text().encode()
+                ctx.cycle[PROMPT_BYTES] = len(data)
+                found = block_hashes(req.model, data, p.block_size, p.max_prefix_blocks_to_match)
             ctx.cycle[key] = found
         return found
 
@@ -126,9 +134,12 @@ class PrefixCacheScorer(Plugin):
     def score(self, ctx: Any, candidates: tuple[str, ...]) -> dict[str, float]:
         hashes = self.hashes(ctx)
         if not hashes:
-            return dict.fromkeys(candidates, 0.0)
-        total = len(hashes)
-        return {e: self.matched(e, hashes) / total for e in candidates}
+            out = dict.fromkeys(candidates, 0.0)
+        else:
+            total = len(hashes)
+            out = {e: self.matched(e, hashes) / total for e in candidates}
+        ctx.cycle[PREFIX_MATCH] = out  # for later plugins of the profile (predicted-ttft-scorer)
+        return out
 
     def picked(self, ctx: Any, endpoint: str) -> None:
         hashes = self.hashes(ctx)

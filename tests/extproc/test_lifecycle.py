@@ -199,6 +199,24 @@ async def test_served_endpoint_and_first_byte_are_recorded_from_the_stream():
     assert c.first_upstream_byte is not None and c.first_upstream_byte >= 0
 
 
+async def test_the_first_response_body_bytes_are_timed_after_the_first_response_message():
+    """`state.first_body`: when the first response body bytes came (an SSE stream's first event comes with
+    the first token: predicted-ttft-scorer learns TTFT from it); headers alone do not set it."""
+    svc, rec, _ = service(feedback=True)
+    states = []
+    svc.runtime.lifecycle.observers.append(lambda st, o: states.append(st))
+    reqs = recorded("v1-analyze-rec-llm-ok.txtpb")
+    assert reqs[3].HasField("response_body") and reqs[3].response_body.body  # the recording's answer
+    await run_stream(svc, "v1-analyze", reqs, "eof")
+    (st,) = states
+    assert st.first_byte is not None and st.first_body is not None
+    assert st.started <= st.first_byte <= st.first_body
+    states.clear()
+    await run_stream(svc, "v1-analyze", reqs[:3], "eof")  # no response body message
+    (st,) = states
+    assert st.first_byte is not None and st.first_body is None
+
+
 async def test_backend_500_is_a_backend_error_not_ok():
     svc, rec, registry = service(feedback=False)
     reqs = recorded("v1-analyze-rec-llm-ok.txtpb")

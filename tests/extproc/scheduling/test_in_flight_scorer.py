@@ -1,4 +1,5 @@
-"""Scorer `in-flight-scorer`: score = 1 - inflight / max inflight over the candidates (all idle: 1)."""
+"""Scorer `in-flight-scorer`: score = 1 - inflight / max inflight over the candidates (all idle: 1), or
+1 - inflight / capacity with a capacity (a parameter or an endpoint label)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,51 @@ def test_in_a_profile_the_idlest_endpoint_is_picked():
     load(b.runtime, {E1: 2, E2: 1, E3: 2, E4: 1})
     picks = {b.decide()[0] for _ in range(100)}
     assert picks == {E2, E4}  # the least loaded two, ties at random
+
+
+# --- the absolute scale: against each endpoint's capacity -------------------------------------------
+
+def capped(rt: Runtime, **params) -> InFlightScorer:
+    return InFlightScorer("inflight", InFlightScorerParameters(**params), rt)
+
+
+class Ctx:
+    def __init__(self, labels=None):
+        self.labels = labels or {}
+
+
+def test_capacity_scores_against_the_endpoints_slots_not_the_busiest():
+    rt = Runtime()
+    load(rt, {E1: 2, E2: 1, E3: 8, E4: 11})
+    got = capped(rt, capacity=8).score(Ctx(), (E1, E2, E3, E4))
+    # relative would give the busiest candidate 0 and E1 (2 of 8 slots) 1 - 2/11
+    assert got == pytest.approx({E1: 0.75, E2: 0.875, E3: 0.0, E4: 0.0})  # over capacity: 0, not negative
+    assert capped(rt, capacity=8).score(Ctx(), (E1, E2)) == pytest.approx({E1: 0.75, E2: 0.875})  # no matter who else
+
+
+def test_a_capacity_label_overrides_the_default_per_endpoint():
+    rt = Runtime()
+    load(rt, {E1: 2, E2: 2, E3: 2, E4: 2})
+    labels = {E1: {"max-num-seqs": "4"}, E2: {"max-num-seqs": "16"}, E3: {"max-num-seqs": "zero"},
+              E4: {"max-num-seqs": "-1"}}
+    got = capped(rt, capacity=8, capacityLabel="max-num-seqs").score(Ctx(labels), (E1, E2, E3, E4))
+    # E3's label is not a number and E4's not positive: both take `capacity`
+    assert got == pytest.approx({E1: 0.5, E2: 0.875, E3: 0.75, E4: 0.75})
+
+
+def test_an_endpoint_without_label_nor_capacity_is_scored_against_the_busiest_such():
+    rt = Runtime()
+    load(rt, {E1: 2, E2: 1, E3: 4, E4: 3})
+    labels = {E1: {"slots": "8"}, E2: {"slots": "4"}}
+    got = capped(rt, capacityLabel="slots").score(Ctx(labels), (E1, E2, E3, E4))
+    assert got == pytest.approx({E1: 0.75, E2: 0.75, E3: 0.0, E4: 0.25})  # E3, E4: relative to E3's 4
+
+
+def test_capacity_parameters_are_validated():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        InFlightScorerParameters(capacity=0)
+    with pytest.raises(ValidationError):
+        InFlightScorerParameters(capacityLabel="")
+    assert InFlightScorerParameters().capacity is None and InFlightScorerParameters().capacity_label is None

@@ -222,6 +222,13 @@ def test_min_confidence_is_the_bar_the_classifiers_label_must_reach(stub):
     assert kept(b, prompt="python, please") == (set(FLEET), None)
 
 
+def test_a_classifier_label_is_compared_lower_cased_like_the_intents(stub, monkeypatch):
+    monkeypatch.setattr(StubClassifier, "labels", ("CODE", "Chat", "math"))
+    monkeypatch.setattr(StubClassifier, "classify", lambda self, text: ("CODE", 0.9))
+    b = intents(classifier="")
+    assert kept(b, prompt="anything") == ({A185}, "code")  # the model's "CODE" is the config's code pool
+
+
 def test_nothing_to_classify_is_no_intent(stub):
     b = intents("default: {matchLabels: {pool: gold}}", classifier="")
     assert kept(b, prompt="") == ({G0}, None)  # an empty prompt

@@ -267,6 +267,27 @@ async def test_a_load_slower_than_load_timeout_fails_and_is_not_retried_within_r
     lora.close()
 
 
+async def test_a_reload_applies_a_new_load_timeout_to_the_next_load(simulators):
+    port = await simulators(lora_load_ms=600)
+    from tests.extproc.scheduling.conftest import build
+
+    paths = "loraPaths: {fin-lora: /adapters/fin, sql-lora: /adapters/sql}"
+    text = sim_config([port], "{loadOnDemand: true, loadTimeout: 5, retryAfter: 60, " + paths + "}").replace(
+        "models: [base-m, fin-lora]", "models: [base-m, fin-lora, sql-lora]")
+    b = build(text)
+    lora = b.runtime.plugin(b.snap.plugins["lora-affinity-scorer"])
+    ep = b.backend.endpoint_ids[0]
+    b.decide(request_state(b, model="fin-lora"))
+    await until(lambda: not lora.loading, "the first load")
+    assert lora.results == [(ep, "fin-lora", 200)]  # 0.6 s, within 5 s; the HTTP client now exists
+    b.reload(text.replace("loadTimeout: 5", "loadTimeout: 0.2"))
+    assert lora.params.load_timeout == 0.2
+    b.decide(request_state(b, model="sql-lora"))
+    await until(lambda: not lora.loading, "the second load")
+    assert lora.results[-1][:2] == (ep, "sql-lora") and str(lora.results[-1][2]).startswith("ReadTimeout")
+    lora.close()
+
+
 def closed_port() -> int:
     import socket
 
