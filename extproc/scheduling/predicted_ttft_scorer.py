@@ -14,14 +14,19 @@ decisions between scrapes do not herd onto the same endpoint:
       cache size in tokens (vLLM admits a request only while its KV blocks fit: a 16K-token cache
       runs six 2.6K-token requests, not eight), request_tokens = prompt bytes / `bytesPerToken` +
       the request's max_tokens;
+  ahead_kb(e): the uncached kilobytes of this worker's requests sent to e that have no first token
+      yet (their prefill shares the engine's next steps: two prompts that arrive together are
+      prefilled together, and the second's first token waits for both; without this term every
+      prediction of an all-cold workload ties and requests pile onto the fastest nodes), learned
+      from the picks (`picked`), ended by the stream's first response body bytes or the request's end;
   speed(e): the endpoint's relative throughput from its `speedLabel` label (default 1: an older
       GPU at half the speed is labelled 0.5);
-  predicted(e) = (base + prefill * uncached_kb(e) + slotWait * wait(e)) / speed(e)   [ms].
+  predicted(e) = (base + prefill * (uncached_kb(e) + ahead_kb(e)) + slotWait * wait(e)) / speed(e)   [ms].
 The three costs start as configured (`baseMs`: a first decode step; `prefillMsPerKb`: prefill per
 uncached kilobyte; `slotWaitMs`: how often a running slot frees, i.e. mean service time / slots)
 and, with `learn: true`, are refit online once `minSamples` requests have been observed: one
 model for every endpoint the plugin scores (speeds make them comparable), an exponentially
-forgetting least-squares fit of ttft_ms * speed(e) on (1, wait, uncached_kb) over the requests'
+forgetting least-squares fit of ttft_ms * speed(e) on (1, wait, uncached_kb + ahead_kb) over the requests'
 observed TTFT (the first response body bytes the stream saw, which engines send with the first
 token; else Envoy's first upstream byte), from OK streamed requests only. A fitted coefficient
 that is negative or not finite keeps its configured value (an under-determined fit, e.g. while
@@ -36,10 +41,12 @@ Parameters: `ttftSloMs` (1000), `baseMs` (30), `prefillMsPerKb` (8: about 33 us 
 per token, an 8B model on one H100), `slotWaitMs` (50), `slots` (256, vLLM's default
 `--max-num-seqs`), `slotsLabel` ("max-num-seqs"), `kvTokensLabel` ("kv-tokens"), `bytesPerToken` (4),
 `speedLabel` ("speed"), `learn` (true),
-`minSamples` (32), `forgetting` (0.995: about 200 requests of memory), `ridge` (0.001).
+`minSamples` (32), `forgetting` (0.995: about 200 requests of memory), `ridge` (0.001),
+`aheadLimit` (1024: requests remembered per endpoint awaiting their first token; the oldest go first).
 Data consumed: the prefix index match and prompt length (ctx.cycle), in-flight counts, endpoint
 labels, the SLO header, each finished streamed request's TTFT (a lifecycle observer this plugin
-registers; the framework has no on_done hook for plugins). Cost: one in-flight read for the
+registers; the framework has no on_done hook for plugins). `ahead_kb` is per worker: with N workers
+each knows the prefills it sent itself (about 1/N of them). Cost: one in-flight read for the
 candidates and a few multiplications per candidate (about 3 us for 8 endpoints warm on this
 2-core machine); per finished request one 3x3 solve, in the observer, off the decision.
 """
@@ -71,6 +78,7 @@ class PredictedTtftParameters(Parameters):
     min_samples: int = Field(default=32, alias="minSamples", ge=3)
     forgetting: float = Field(default=0.995, gt=0.0, le=1.0)
     ridge: float = Field(default=1e-3, ge=0.0)
+    ahead_limit: int = Field(default=1024, alias="aheadLimit", ge=1)
 
 
 def _positive(labels: Any, endpoint: str, name: str | None) -> float | None:
@@ -96,6 +104,8 @@ class PredictedTtftScorer(Plugin):
         super().__init__(name, params, runtime)
         self.model = TtftModel(params.forgetting, params.ridge)
         self.key = f"predicted-ttft:{name}"  # state.attrs: the features of each candidate scored
+        # endpoint -> {id(state): (state, uncached KB)} of picks still waiting for their first token
+        self.ahead: dict[str, dict[int, tuple[Any, float]]] = {}
         # (labels, {e: (slots, speed, kv tokens or None)}), parsed once per labels object
         self._labels: tuple[Any, dict[str, tuple[float, float, float | None]]] | None = None
         lifecycle = getattr(runtime, "lifecycle", None)
@@ -164,7 +174,10 @@ class PredictedTtftScorer(Plugin):
         labels = ctx.labels
         features: dict[str, tuple[float, float, float]] = {}
         out: dict[str, float] = {}
+        ahead = self.ahead
         for e in candidates:
+            waiting_prefill = ahead.get(e)
+            ahead_kb = self.ahead_kb(waiting_prefill) if waiting_prefill else 0.0
             slots, speed, kv_tokens = self.endpoint_facts(labels, e)
             if kv_tokens is not None and request_tokens > 0:
                 slots = min(slots, max(1.0, float(int(kv_tokens / request_tokens))))
@@ -172,21 +185,52 @@ class PredictedTtftScorer(Plugin):
             if wait < 0:
                 wait = 0.0
             uncached = prompt_kb * (1.0 - match.get(e, 0.0))
-            features[e] = (wait, uncached, speed)
-            predicted = (base + slot_wait * wait + prefill * uncached) / speed
+            features[e] = (wait, uncached, speed, ahead_kb)
+            predicted = (base + slot_wait * wait + prefill * (uncached + ahead_kb)) / speed
             out[e] = max(0.0, slo - predicted) / slo
         if ctx.state is not None:
             ctx.state.attrs[self.key] = features
         return out
+
+    @staticmethod
+    def ahead_kb(waiting: dict[int, tuple[Any, float]]) -> float:
+        """Uncached KB of the picks that have no first token yet (a first body, or done, drops them)."""
+        total = 0.0
+        gone = []
+        for k, (st, kb) in waiting.items():
+            if st.first_body is None:
+                total += kb
+            else:
+                gone.append(k)
+        for k in gone:
+            del waiting[k]
+        return total
+
+    def picked(self, ctx: Any, endpoint: str) -> None:
+        state = ctx.state
+        features = state.attrs.get(self.key) if state is not None else None
+        x = features.get(endpoint) if features else None
+        if x is None:
+            return
+        waiting = self.ahead.get(endpoint)
+        if waiting is None:
+            waiting = self.ahead[endpoint] = {}
+        waiting[id(state)] = (state, x[1])
+        while len(waiting) > self.params.ahead_limit:
+            del waiting[next(iter(waiting))]
 
     def predicted_ms(self, wait: float, uncached_kb: float, speed: float = 1.0) -> float:
         base, slot_wait, prefill = self.coefficients()
         return (base + slot_wait * wait + prefill * uncached_kb) / speed
 
     def on_done(self, state: Any, outcome: Outcome) -> None:
+        features = state.attrs.get(self.key)
+        if features:
+            for waiting in self.ahead.values():
+                if waiting.pop(id(state), None) is not None:
+                    break
         if not self.params.learn or outcome is not Outcome.OK:
             return
-        features = state.attrs.get(self.key)
         if not features or state.request is None or not state.request.stream:
             return
         c = state.completion
@@ -201,6 +245,6 @@ class PredictedTtftScorer(Plugin):
         else:
             return
         if ttft >= 0.0 and math.isfinite(ttft):
-            wait, uncached, speed = x
-            self.model.update(wait, uncached, ttft * 1000.0 * speed)
+            wait, uncached, speed, ahead_kb = x
+            self.model.update(wait, uncached + ahead_kb, ttft * 1000.0 * speed)
 

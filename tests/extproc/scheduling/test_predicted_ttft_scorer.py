@@ -6,6 +6,7 @@ the profile, and the three costs refit online from the TTFT of OK streamed reque
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
@@ -141,8 +142,9 @@ def test_formula_per_candidate_from_wait_uncached_kb_and_speed():
     # E3: 256 slots (the parameter), wait 0, all cached: 30 ms
     # E4: wait 10+1-1 = 10, uncached 2*0.75 = 1.5 KB: 30 + 500 + 12 = 542 ms
     assert got == pytest.approx({E1: 0.862, E2: 0.708, E3: 0.97, E4: 0.458})
-    # the features of each candidate scored, (wait, uncached_kb, speed), kept for the observer
-    assert st.attrs[s.key] == {E1: (2.0, 1.0, 1.0), E2: (2.0, 2.0, 0.5), E3: (0.0, 0.0, 1.0), E4: (10.0, 1.5, 1.0)}
+    # the features of each candidate scored, (wait, uncached_kb, speed, ahead_kb), kept for the observer
+    assert st.attrs[s.key] == {E1: (2.0, 1.0, 1.0, 0.0), E2: (2.0, 2.0, 0.5, 0.0), E3: (0.0, 0.0, 1.0, 0.0),
+                               E4: (10.0, 1.5, 1.0, 0.0)}
     assert s.predicted_ms(2, 1.5, 0.5) == pytest.approx((30 + 100 + 12) / 0.5)
     # the prompt's length is the one the prefix scorer left, and an endpoint it left out matched nothing
     got = s.score(Ctx(request("hi"), {}, {"prefix_match": {E1: 0.5}, "prompt_bytes": 4000}), (E1, E3))
@@ -190,12 +192,19 @@ def test_in_a_profile_the_prefix_scorers_match_makes_the_picked_endpoint_warm():
     st2 = new_state(b, prompt=P2)
     assert b.decide(st2) == (pick,)
     # the pick's index holds P1's 4 of P2's 8 blocks: 1 KB of 2 uncached there, 2 KB elsewhere
+    # and P1, picked there, has no first token yet: its 1 KB is ahead of P2's prefill there
     feats = st2.attrs[s.key]
-    assert feats[pick] == pytest.approx((0.0, 1.0, 1.0))
-    assert all(feats[e][1] == pytest.approx(2.0) for e in POOL if e != pick)
+    assert feats[pick] == pytest.approx((0.0, 1.0, 1.0, 1.0))
+    assert all(feats[e][1] == pytest.approx(2.0) and feats[e][3] == 0.0 for e in POOL if e != pick)
     want = {E1: 1 - 46 / 1000, E2: 1 - 92 / 1000, E3: 1 - 46 / 1000, E4: 1 - 46 / 1000}
-    want[pick] = 1 - 38 / 1000
+    want[pick] = 1 - (30 + 8 * (1 + 1)) / 1000  # 46 ms too: the prefix scorer's weight keeps it there
     assert st2.attrs["decision"]["scorers"][1]["raw"] == pytest.approx(want)
+    # P1's first token came, P2's not yet: P2 is now all cached there, its 1 KB uncached is ahead: 38 ms
+    st1.first_body = 1.0
+    st3 = new_state(b, prompt=P2)
+    assert b.decide(st3) == (pick,)
+    assert st3.attrs[s.key][pick] == pytest.approx((0.0, 0.0, 1.0, 1.0))
+    assert st3.attrs["decision"]["scorers"][1]["raw"][pick] == pytest.approx(1 - 38 / 1000)
 
 
 def test_a_prefix_scorer_later_in_the_profile_counts_nothing_as_cached():
@@ -205,7 +214,7 @@ def test_a_prefix_scorer_later_in_the_profile_counts_nothing_as_cached():
     pick = b.decide(new_state(b, prompt=P1))[0]
     st2 = new_state(b, prompt=P2)
     assert b.decide(st2) == (pick,)  # the prefix scorer's 0.5 still decides
-    assert st2.attrs[s.key][pick] == pytest.approx((0.0, 2.0, 1.0))  # but this scorer ran before it
+    assert st2.attrs[s.key][pick][:3] == pytest.approx((0.0, 2.0, 1.0))  # but this scorer ran before it
 
 
 def test_without_a_prefix_scorer_the_whole_prompts_utf8_length_counts():
@@ -248,7 +257,7 @@ def features(rt: Runtime, labels, **params) -> dict:
     st = new_state(max_tokens=10)
     s = scorer(rt, **params)
     s.score(Ctx(st.request, labels, state=st), tuple(labels))
-    return {e: (w, sp) for e, (w, _, sp) in st.attrs[s.key].items()}
+    return {e: (w, sp) for e, (w, _, sp, _) in st.attrs[s.key].items()}
 
 
 @pytest.mark.parametrize("bad", ["many", "0", "-4", "inf", "nan", ""])
@@ -312,7 +321,7 @@ def test_an_ok_streamed_request_is_learned_as_ttft_times_speed_on_wait_and_uncac
     load(b.runtime, {E2: 5})
     st = new_state(b, prompt="x" * 1500)
     s.score(ctx(b, st), POOL)
-    assert st.attrs[s.key][E2] == pytest.approx((2.0, 1.5, 0.5))  # E2: 4 slots, wait 5+1-4 = 2, half speed
+    assert st.attrs[s.key][E2] == pytest.approx((2.0, 1.5, 0.5, 0.0))  # E2: 4 slots, wait 5+1-4 = 2, half speed
     st.started, st.first_body = 10.0, 10.3  # the stream's TTFT, 300 ms, before Envoy's first upstream byte
     finish(b, st, E2, 0.9)
     # one observation of y = 300 * 0.5 = 150 on x = (1, 2, 1.5)
@@ -404,7 +413,7 @@ def test_the_fit_replaces_the_configured_costs_after_min_samples_and_recovers_th
         st = new_state(b, prompt="y" * rng.randint(200, 3000))
         s.score(ctx(b, st), POOL)
         ep = POOL[i % 4]
-        wait, kb, speed = st.attrs[s.key][ep]
+        wait, kb, speed, _ = st.attrs[s.key][ep]
         st.started = 5.0
         st.first_body = 5.0 + truth(wait, kb) / speed / 1000.0  # what a node at `speed` takes
         finish(b, st, ep, None)
@@ -519,3 +528,29 @@ def test_parameters_at_their_bounds_are_accepted():
     assert (p.slots_label, p.kv_tokens_label, p.speed_label) == (None, None, None)
     # all costs 0: every endpoint predicts 0 ms and scores 1
     assert plugin(b).score(ctx(b, new_state(b, prompt="x" * 5000)), POOL) == dict.fromkeys(POOL, 1.0)
+
+
+# --- prefills ahead: picks without a first token yet ------------------------------------------------
+
+def test_prefills_ahead_count_until_the_first_token_or_the_end_and_are_bounded():
+    rt = Runtime()
+    s = PredictedTtftScorer("s", PredictedTtftParameters(aheadLimit=2), rt)
+    c = Ctx(req=None, cycle={"prompt_bytes": 2000, "prefix_match": {}},
+            state=RequestState(snapshot=None, route=None, started=0.0, request_id="now", runtime=rt))
+    st_a, st_b, st_c = (RequestState(snapshot=None, route=None, started=0.0, request_id=r, runtime=rt)
+                        for r in "abc")
+    for st, kb in ((st_a, 2.0), (st_b, 1.0), (st_c, 0.5)):
+        st.attrs[s.key] = {E1: (0.0, kb, 1.0, 0.0)}
+        s.picked(SimpleNamespace(state=st), E1)
+    assert set(s.ahead[E1]) == {id(st_b), id(st_c)}  # aheadLimit 2: the oldest (a) forgotten
+    got = s.score(c, (E1, E2))
+    # E1: (30 + 8 * (2 + 1.5)) = 58 ms; E2 nothing ahead: 30 + 16 = 46 ms
+    assert got == pytest.approx({E1: 1 - 58 / 1000, E2: 1 - 46 / 1000})
+    assert c.state.attrs[s.key][E1][3] == pytest.approx(1.5)
+    st_b.first_body = 0.2  # b's first token: no longer ahead of anyone; c's 0.5 KB still is
+    assert s.score(c, (E1,)) == pytest.approx({E1: 1 - (30 + 8 * (2 + 0.5)) / 1000})
+    assert set(s.ahead[E1]) == {id(st_c)}
+    s.on_done(st_c, Outcome.CANCELLED)  # the end, whatever the outcome, drops it
+    assert s.ahead[E1] == {} and s.score(c, (E1,)) == pytest.approx({E1: 1 - 46 / 1000})
+    s.picked(SimpleNamespace(state=RequestState(snapshot=None, route=None, started=0.0, request_id="d")), E2)
+    assert E2 not in s.ahead  # a pick this scorer did not score is not remembered
