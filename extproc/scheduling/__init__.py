@@ -91,6 +91,22 @@ class SchedulingContext:
     cycle: dict = field(default_factory=dict)  # per-decision scratch a plugin passes from score() to picked()
 
 
+def inflight_counts(ctx: Any, runtime: Any, candidates: tuple[str, ...]) -> dict[str, int]:
+    """The candidates' gateway-wide in-flight counts, read once per decision (`ctx.cycle`) for every
+    plugin that needs them (in-flight-scorer, predicted-ttft-scorer): one pass over the workers' tables
+    (without a decision context, e.g. a plugin called directly, a fresh read)."""
+    cycle = getattr(ctx, "cycle", None)
+    if cycle is None:
+        return runtime.inflight.counts(candidates)
+    found = cycle.get(INFLIGHT_COUNTS)
+    if found is None or found[0] != candidates:
+        found = cycle[INFLIGHT_COUNTS] = (candidates, runtime.inflight.counts(candidates))
+    return found[1]
+
+
+INFLIGHT_COUNTS = "inflight_counts"
+
+
 class NoCapacity(Exception):
     """A profile's filters left no endpoint: dispatch answers 503 `no_capacity`, or 429 `overloaded`
     with Retry-After when the request is sheddable (its priority < 0, the GIE rule)."""
@@ -174,4 +190,4 @@ def plugin_types() -> Mapping[str, type]:
 
 
 __all__ = ["plugin_types", "Parameters", "Plugin", "SchedulingContext", "NoCapacity", "Filter", "Scorer",
-           "Picker", "SLOTS"]
+           "Picker", "SLOTS", "inflight_counts"]

@@ -19,7 +19,8 @@ label when it is a positive number, else `capacity`; an endpoint with neither is
 to the busiest.
 Parameters: `capacity` (int >= 1, default none), `capacityLabel` (label name, default none).
 Data consumed: in-flight counters, the endpoints' labels. Cost: one `InflightTable.counts` over the
-candidates (about 0.3 us per candidate and worker: shared-memory reads).
+candidates per decision (about 0.3 us per candidate and worker: shared-memory reads), shared with
+the profile's other plugins (`scheduling.inflight_counts`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from extproc.scheduling import Parameters, Plugin
+from extproc.scheduling import Parameters, Plugin, inflight_counts
 
 
 class InFlightScorerParameters(Parameters):
@@ -54,7 +55,7 @@ class InFlightScorer(Plugin):
     Parameters: ClassVar[type] = InFlightScorerParameters
 
     def score(self, ctx: Any, candidates: tuple[str, ...]) -> dict[str, float]:
-        counts = self.runtime.inflight.counts(candidates)
+        counts = inflight_counts(ctx, self.runtime, candidates)
         p = self.params
         if p.capacity is None and p.capacity_label is None:
             return self._relative(counts, candidates)

@@ -58,7 +58,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from extproc.scheduling import Parameters, Plugin
+from extproc.scheduling import Parameters, Plugin, inflight_counts
 from extproc.scheduling.prefix_cache_scorer import PREFIX_MATCH, PROMPT_BYTES
 from extproc.scheduling.ttft_headroom_scorer import SLO_HEADER, TtftModel
 from extproc.types import Outcome
@@ -168,7 +168,7 @@ class PredictedTtftScorer(Plugin):
         prompt_kb = prompt_bytes / 1000.0
         max_tokens = (ctx.request.max_tokens or 0) if ctx.request is not None else 0
         request_tokens = prompt_bytes / self.params.bytes_per_token + max_tokens
-        counts = self.runtime.inflight.counts(candidates)
+        counts = inflight_counts(ctx, self.runtime, candidates)
         base, slot_wait, prefill = self.coefficients()
         slo = self.slo_ms(ctx.state)
         labels = ctx.labels

@@ -100,3 +100,18 @@ def test_capacity_parameters_are_validated():
     with pytest.raises(ValidationError):
         InFlightScorerParameters(capacityLabel="")
     assert InFlightScorerParameters().capacity is None and InFlightScorerParameters().capacity_label is None
+
+
+def test_a_decision_reads_the_in_flight_table_once_for_all_its_plugins(monkeypatch):
+    b = build(gateway("    - {type: in-flight-scorer}\n    - {type: predicted-ttft-scorer}\n"
+                      "    - {type: max-score-picker, parameters: {fallbacks: 0}}\n",
+                      "    - name: p\n      plugins: [{pluginRef: in-flight-scorer}, {pluginRef: predicted-ttft-scorer},"
+                      " {pluginRef: max-score-picker}]\n"))
+    load(b.runtime, {E1: 2, E2: 1, E3: 2, E4: 1})
+    reads = []
+    real = b.runtime.inflight.counts
+    monkeypatch.setattr(b.runtime.inflight, "counts", lambda eps: reads.append(eps) or real(eps))
+    assert b.decide()[0] in (E2, E4)
+    assert reads == [(E1, E2, E3, E4)]  # one read, shared through the decision's cycle
+    b.decide()
+    assert len(reads) == 2  # the next decision reads afresh
