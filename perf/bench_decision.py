@@ -12,8 +12,10 @@ LoRA finance-lora running) on the real monotonic clock, refreshed before every d
 never goes stale. Requests are bench_routing's `shared-prefix` workload (16 groups of 2048-token
 system prompts, 256-token questions, 2 turns, 2 LoRA groups; fresh text per condition), each parsed
 by `parse_openai` into its own `RequestState` before it is timed. After each pick its endpoint's
-in-flight count is taken (`inflight.started`, as dispatch does) and released again
-(`inflight.finished`) once 4 later picks have been made, so a few requests are always in flight.
+in-flight count is taken (`inflight.started`, as dispatch does); once 4 later picks have been made
+the request ends: its first token is marked (`state.first_body`, which predicted-ttft-scorer's list
+of requests awaiting a first token drops) and its count released (`inflight.finished`), so a few
+requests are always in flight and no plugin's per-request state grows without bound.
 
 Per policy (`--policies`, default epp-default, adapter-gateway, random; round-robin and
 least-request have no picker, the oracle asks live simulators) it reports the decision's p50 and
@@ -112,18 +114,25 @@ class Bench:
             out.append(st)
         return out
 
-    def dispatched(self, picks: tuple[str, ...]) -> None:
-        """Dispatch's in-flight count for the pick; the oldest held one ends."""
+    def dispatched(self, picks: tuple[str, ...], state: Any = None) -> None:
+        """Dispatch's in-flight count for the pick; the oldest held request ends."""
         if not picks:
             return
         self.runtime.inflight.started(picks[0])
-        self.held.append(picks[0])
+        self.held.append((picks[0], state))
         if len(self.held) > IN_FLIGHT:
-            self.runtime.inflight.finished(self.held.popleft())
+            self.end(*self.held.popleft())
+
+    def end(self, endpoint: str, state: Any) -> None:
+        """A held request got its first token and finished: plugins that keep requests until their first
+        token (predicted-ttft-scorer's `ahead`) let it go, and its in-flight count is released."""
+        if state is not None and state.first_body is None:
+            state.first_body = time.monotonic()
+        self.runtime.inflight.finished(endpoint)
 
     def release_all(self) -> None:
         while self.held:
-            self.runtime.inflight.finished(self.held.popleft())
+            self.end(*self.held.popleft())
 
     def close(self) -> None:
         self.release_all()
@@ -161,9 +170,10 @@ def build(policy: str, state_dir: str) -> Bench:
     rt.signals = sig
     sched = rt.plugin(route.picker)
     b = Bench(policy, snap, rt, svc, sched, backend, route, endpoints, sig, deque())
-    picks = b.scheduler.pick(b.states(1, "probe")[0], backend, endpoints)  # a config that cannot decide fails here
+    probe = b.states(1, "probe")[0]
+    picks = b.scheduler.pick(probe, backend, endpoints)  # a config that cannot decide fails here
     assert picks and picks[0] in endpoints, (policy, picks)
-    b.dispatched(picks)
+    b.dispatched(picks, probe)
     return b
 
 
@@ -186,7 +196,7 @@ def decisions(b: Bench, n: int, salt: str, idle_s: float) -> list[int]:
         t0 = perf_counter_ns()
         picks = sched.pick(st, backend, endpoints)
         out.append(perf_counter_ns() - t0)
-        b.dispatched(picks)
+        b.dispatched(picks, st)
     b.release_all()
     return out
 
@@ -241,7 +251,7 @@ def plugin_times(b: Bench, n: int, salt: str) -> dict[str, float]:
                 t0 = perf_counter_ns()
                 hook(ctx, picks[0])
                 add(f"{name}.picked", perf_counter_ns() - t0)
-        b.dispatched(picks)
+        b.dispatched(picks, st)
     b.release_all()
     return {k: pct(v, 50) for k, v in acc.items()}
 

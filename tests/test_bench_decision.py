@@ -65,8 +65,8 @@ def test_in_flight_counts_are_released(tmp_path):
     b = bd.build("adapter-gateway", str(tmp_path / "state"))
     try:
         bd.decisions(b, 10, "t", 0.0)
-        assert all(b.runtime.inflight.get(e) == 0 for e in b.endpoints)
-        b.dispatched((b.endpoints[0],))
+        assert not b.held and all(b.runtime.inflight.get(e) == 0 for e in b.endpoints)
+        b.dispatched((b.endpoints[0],), b.states(1, "x")[0])
         assert b.runtime.inflight.get(b.endpoints[0]) == 1
     finally:
         b.close()
