@@ -84,6 +84,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                       if b.endpoint_labels[e] else "")
                         for (h, p), e in zip(b.endpoints, b.endpoint_ids))
         print(f"  backend {b.name}: {b.kind} over {b.protocol} at {eps}" + (" (implicit)" if b.implicit else ""))
+    for ro in snap.rollouts.values():
+        arms = ", ".join(f"{a} {ro.rollout.weight(a) / 100:g}% ({ro.arm_backends[a]})" for a in ro.arms)
+        keys = ", ".join(s.label for s in ro.policy.sources) or "none (weighted random)"
+        force = f", forced by {ro.policy.force.label}" if ro.policy.force is not None else ""
+        print(f"  rollout {ro.name} on {', '.join(ro.routes)}: {arms}; key {keys}{force}")
     return 0
 
 

@@ -13,6 +13,8 @@ Cost: milliseconds; once per load.
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable
@@ -21,7 +23,7 @@ from backends import adapter_kinds
 from extproc.config.loader import ConfigError, Issue
 from extproc.config.schema import AdapterGateway, split_host_port
 from extproc.config.snapshot import (HEALTH_PATH, HEALTH_ROUTE, Backend, EndpointMeta, EppConfig, PluginRef, ProfileRef,
-                                     Route, Snapshot)
+                                     RolloutRef, Route, Snapshot)
 from extproc.kinds import kind_specs
 from extproc.config.yamlsource import SourceMap, format_path
 from extproc.template import WILDCARD, TemplateError, compile_template
@@ -161,6 +163,12 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         )
         routes[name] = _with_pipeline(route, build_pipeline, base, issue)
 
+    rollouts = _compile_rollouts(spec.rollouts, routes, {i: r.name or route_name_from_path(r.path)
+                                                         for i, r in enumerate(spec.routes)}, issue)
+    for ref in rollouts.values():
+        for name in ref.routes:
+            routes[name] = replace(routes[name], rollout=ref)
+
     health = Route(
         name=HEALTH_ROUTE, path=HEALTH_PATH, kind="health", backend=None, model=None, request=None,
         transform=None, response_schema=None, failure_mode="closed", max_body_bytes=4096, timeout=5.0,
@@ -189,7 +197,127 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         generation=generation, digest=digest, source=smap.filename, spec=gw, model_ref=spec.model_ref,
         listener=spec.listener, admin=spec.admin, processor=spec.processor, backends=backends,
         routes=routes, tenants=spec.tenants, tenancy=spec.tenancy, plugins=plugins, profiles=profiles, epp=epp,
+        rollouts=rollouts,
     )
+
+
+def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, str], issue: Any) -> dict[str, RolloutRef]:
+    """`spec.rollouts`: each names its routes (declared and accepted), its arms (the first is the
+    baseline; every arm's backend a target of each route; weights in percent, canaries adding up to
+    at most 100, the baseline the rest) and its key policy (header sources only from trusted headers,
+    as `canary.assign.KeyPolicy.problems()` says; no JWT claims yet: the processor does not receive
+    the verified payload). A route has at most one rollout. Refused rollouts are left out, reported."""
+    from canary.assign import BUCKETS, Arm, KeyPolicy, Rollout, RolloutError, TenantKey, TrustedHeader
+
+    out: dict[str, RolloutRef] = {}
+    owner: dict[str, str] = {}  # route -> the rollout that splits it
+    known = set(declared.values())
+    names: set[str] = set()
+    for i, ro in enumerate(specs):
+        base = ("spec", "rollouts", i)
+        if ro.name in names:
+            issue(base + ("name",), f"duplicate rollout name {ro.name!r}")
+            continue
+        names.add(ro.name)
+        ok = True
+        if ro.route is not None and ro.routes:
+            issue(base + ("routes",), "set route or routes, not both")
+            continue
+        named = [(base + ("route",), ro.route)] if ro.route is not None else \
+            [(base + ("routes", j), n) for j, n in enumerate(ro.routes)]
+        if not named:
+            issue(base + ("route",), "required: the route (or routes: [...]) this rollout splits")
+            continue
+        targets: list[Route] = []
+        for path, name in named:
+            route = routes.get(name)
+            if route is None:
+                if name not in known:  # a declared route that was refused has its own errors
+                    issue(path, f"no route named {name!r} (routes: {', '.join(r for r in declared.values()) or 'none'})")
+                ok = False
+                continue
+            if name in owner:
+                issue(path, f"route {name!r} already has rollout {owner[name]!r}; a route has one rollout")
+                ok = False
+                continue
+            if any(t.name == name for t in targets):
+                issue(path, f"route {name!r} is listed twice")
+                ok = False
+                continue
+            targets.append(route)
+            owner[name] = ro.name  # claimed even if this rollout is refused: one rollout per route
+        seen: dict[str, int] = {}
+        canaries: list[Arm] = []
+        backends: dict[str, str] = {}
+        for j, arm in enumerate(ro.arms):
+            where = base + ("arms", j)
+            if arm.name in seen:
+                issue(where + ("name",), f"arm {arm.name!r} is already arms[{seen[arm.name]}]; arm names are unique")
+                ok = False
+                continue
+            seen[arm.name] = j
+            for route in targets:
+                served = [b.name for b in route.backends]
+                if arm.backend not in served:
+                    issue(where + ("backend",), f"backend {arm.backend!r} is not a target of route {route.name!r} "
+                          f"(targets: {', '.join(served)})")
+                    ok = False
+            backends[arm.name] = arm.backend
+            if j == 0:
+                continue
+            if arm.weight is None:
+                issue(where + ("weight",), "a canary arm needs a weight in percent (0 keeps it dark; only the "
+                      "baseline, the first arm, defaults to the rest)")
+                ok = False
+                continue
+            canaries.append(Arm(arm.name, round(arm.weight * 100)))
+        total = sum(a.weight for a in canaries)
+        if total > BUCKETS:
+            issue(base + ("arms",), f"the canary weights add up to {total / 100:g} %, more than 100")
+            ok = False
+        baseline = ro.arms[0]
+        if baseline.weight is not None and total <= BUCKETS and round(baseline.weight * 100) != BUCKETS - total:
+            issue(base + ("arms", 0, "weight"), f"the baseline (the first arm) gets what the canaries leave, "
+                  f"{(BUCKETS - total) / 100:g} %, not {baseline.weight:g} %: leave its weight out or make it match")
+            ok = False
+        key = ro.key
+        sources: list[Any] = []
+        for k, src in enumerate(key.sources):
+            where = base + ("key", "sources", k)
+            if src.claim is not None:
+                issue(where + ("claim",), "JWT claims are not available to the processor yet (Envoy's jwt_authn "
+                      "passes only spec.tenancy's claim, as a header): have the edge set a header from the claim "
+                      "and list it in trustedHeaders, or use {tenant: true}")
+                ok = False
+            elif src.header is not None:
+                sources.append(TrustedHeader(src.header))
+            else:
+                sources.append(TenantKey())
+        force = TrustedHeader(key.force.header) if key.force is not None else None
+        if force is not None and force.header not in key.trusted_headers:
+            issue(base + ("key", "force", "header"), f"header {force.header!r} is not in key.trustedHeaders: a client "
+                  "could choose it, so it would never be honoured (list it there, or leave force out)")
+            ok = False
+        policy = KeyPolicy(tuple(sources), frozenset(key.trusted_headers), force=force)
+        for problem in policy.problems():  # "sources[i]: header ... is not in trusted_headers: ..."
+            m = re.match(r"sources\[(\d+)\]: (.*)", problem)
+            index = int(m.group(1)) if m else 0
+            k = [j for j, s in enumerate(key.sources) if s.claim is None][index]  # sources skip claims
+            issue(base + ("key", "sources", k, "header"),
+                  (m.group(2) if m else problem).replace("trusted_headers", "key.trustedHeaders"))
+            ok = False
+        if not ok:
+            continue
+        try:
+            rollout = Rollout(ro.name, canaries=tuple(canaries), baseline=baseline.name, salt=ro.salt)
+        except RolloutError as e:  # every case is checked above; this names what slipped through
+            issue(base, str(e))
+            continue
+        headers = tuple(dict.fromkeys([s.header for s in sources if isinstance(s, TrustedHeader)]
+                                      + ([force.header] if force is not None else [])))
+        out[ro.name] = RolloutRef(ro.name, rollout, policy, MappingProxyType(backends), headers,
+                                  tuple(t.name for t in targets))
+    return out
 
 
 def _compile_epp(e: Any, backends: dict[str, Backend], plugins: dict[str, PluginRef],

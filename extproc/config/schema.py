@@ -271,6 +271,84 @@ class SchedulingProfileSpec(_Model):
     explain: bool = False
 
 
+def parse_percent(value: Any) -> float:
+    """A share of traffic in percent (`10`, `2.5`, `"0.25"`): 0 to 100, in steps of 0.01 (one basis point)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a percentage between 0 and 100, such as 10 or 2.5")
+    try:
+        pct = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"invalid weight {value!r}: expected a percentage between 0 and 100, such as 10 or 2.5") \
+            from None
+    if not 0 <= pct <= 100:
+        raise ValueError(f"weight must be a percentage between 0 and 100, got {value!r}")
+    if abs(pct * 100 - round(pct * 100)) > 1e-6:
+        raise ValueError(f"weight {value!r} has more than two decimals: weights are in steps of 0.01 % "
+                         "(one basis point)")
+    return pct
+
+
+Percent = Annotated[float, BeforeValidator(parse_percent)]
+HeaderName = Annotated[str, Field(pattern=r"^[a-z0-9-]+$")]  # lower-case, as Envoy passes header names
+
+
+class RolloutArmSpec(_Model):
+    """One arm of a rollout: the backend that serves its requests and its share in percent."""
+    name: Annotated[str, Field(pattern=DNS_LABEL)]
+    backend: Annotated[str, Field(min_length=1)]  # one of the route's targets
+    weight: Percent | None = None  # the baseline (first arm): default the rest; canaries: required
+
+
+class RolloutKeySource(_Model):
+    """Where a request's assignment key comes from: exactly one of `header` (a header the route
+    trusts, see `trustedHeaders`), `claim` (a verified JWT claim: not available yet) or `tenant: true`."""
+    header: HeaderName | None = None
+    claim: Annotated[str, Field(min_length=1)] | None = None
+    tenant: bool | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "RolloutKeySource":
+        given = [k for k in ("header", "claim", "tenant") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a key source is exactly one of {header: NAME}, {claim: PATH} or {tenant: true}"
+                             + (f", not {' and '.join(given)}" if given else ""))
+        if self.tenant is False:
+            raise FieldError("tenant", "must be true (leave the source out to not key on the tenant)")
+        return self
+
+
+class RolloutForce(_Model):
+    """The header that forces an arm (`true`: the first canary, `false`: the baseline, or an arm's name)."""
+    header: HeaderName
+
+
+class RolloutKeySpec(_Model):
+    """How requests get their sticky key; the first source with a value wins, keyless requests are
+    spread at random by the weights. A header is used only when listed in `trustedHeaders` (set by
+    the gateway's edge, which strips the client's copy)."""
+    sources: tuple[RolloutKeySource, ...] = ()
+    trusted_headers: tuple[HeaderName, ...] = ()
+    force: RolloutForce | None = None  # absent: no forcing
+
+
+class RolloutSpec(_Model):
+    """A canary rollout on one or more routes: the first arm is the baseline, the others canaries
+    (backends among the route's targets), weights in percent; assignment is sticky per key."""
+    name: Annotated[str, Field(pattern=DNS_LABEL)]
+    route: Annotated[str, Field(min_length=1)] | None = None  # a route's name
+    routes: tuple[Annotated[str, Field(min_length=1)], ...] = ()  # or several
+    arms: tuple[RolloutArmSpec, ...]  # the baseline first, then at least one canary
+    key: RolloutKeySpec = RolloutKeySpec()
+    salt: Annotated[str, Field(min_length=1)] | None = None  # default: the rollout's name
+
+    @model_validator(mode="after")
+    def _two_arms(self) -> "RolloutSpec":  # after the arms validated: one error, not one per bad arm as well
+        if len(self.arms) < 2:
+            raise FieldError("arms", f"a rollout needs a baseline and at least one canary: 2 arms or more, not "
+                             f"{len(self.arms)}")
+        return self
+
+
 class EppTlsSpec(_Model):
     """TLS on the EPP port: what kgateway and Envoy AI Gateway connect with (any certificate: they
     validate none); PEM files, absolute paths (a mounted Kubernetes secret)."""
@@ -306,6 +384,7 @@ class GatewaySpec(_Model):
     plugins: tuple[PluginSpec, ...] = ()
     scheduling_profiles: tuple[SchedulingProfileSpec, ...] = ()
     epp: EppSpec | None = None  # EPP mode (a Gateway API InferencePool's endpoint picker)
+    rollouts: tuple[RolloutSpec, ...] = ()  # canary rollouts of routes' backends (docs/config.md)
 
     @model_validator(mode="after")
     def _some_route(self) -> "GatewaySpec":

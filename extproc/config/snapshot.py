@@ -25,6 +25,9 @@ TENANT_METADATA_KEY = "x-adapter-tenant"  # the request's tenant id, as Envoy re
 DIGEST_METADATA_KEY = "x-adapter-config-digest"  # gRPC initial metadata: the digest Envoy's routes came from
 DESTINATION_HEADER = "x-gateway-destination-endpoint"  # endpoint-picker protocol: "ip:port[,ip:port...]"
 LB_METADATA_NAMESPACE = "envoy.lb"  # dynamic metadata the override-host load balancer reads
+VARIANT_HEADER = "x-adapter-variant"  # on every response of a route with a rollout: "<rollout>/<arm>"
+VARIANT_METADATA_NAMESPACE = "adapter"  # dispatch sets adapter.variant; Envoy's route adds the header from it
+VARIANT_METADATA_KEY = "variant"
 
 
 # the engine an endpoint runs when the config does not say: from the backend's kind (rest: none)
@@ -124,6 +127,25 @@ class ProfileRef:
 
 
 @dataclass(frozen=True, slots=True)
+class RolloutRef:
+    """A `spec.rollouts` entry, compiled: the assignment (`canary.assign.Rollout`: baseline, canaries
+    in basis points, salt), where keys come from (`canary.assign.KeyPolicy`), each arm's backend, and
+    the request headers the stream keeps for it at request headers (key sources and the forcing
+    header, trusted or not: the policy decides). Immutable, stateless: assignment is a hash."""
+
+    name: str
+    rollout: Any  # canary.assign.Rollout
+    policy: Any  # canary.assign.KeyPolicy
+    arm_backends: Mapping[str, str] = field(hash=False)  # arm -> backend name (a target of each of its routes)
+    headers: tuple[str, ...] = ()
+    routes: tuple[str, ...] = ()  # the routes it splits
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return self.rollout.arm_names  # the baseline first
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     name: str
     path: str
@@ -145,6 +167,7 @@ class Route:
     dialect: str = "adapter"  # how errors are rendered (extproc/errors.py), from the route kind
     # the dispatch slot's scheduler: a picker that picks alone, or a scheduling profile (None: Envoy balances)
     picker: PluginRef | ProfileRef | None = None
+    rollout: RolloutRef | None = None  # the variant slot's canary rollout (spec.rollouts), if any
 
     def backend_for_model(self, model: str | None) -> Backend | None:
         """The first target serving `model` (a backend with no models listed serves any)."""
@@ -203,6 +226,7 @@ class Snapshot:
     plugins: Mapping[str, PluginRef] = field(default_factory=dict)
     profiles: Mapping[str, ProfileRef] = field(default_factory=dict)  # declared and implicit, by name
     epp: EppConfig | None = None  # EPP mode (`spec.epp`): streams without route metadata pick from its pool
+    rollouts: Mapping[str, RolloutRef] = field(default_factory=dict)  # by name; each also on its routes
 
     @property
     def tenants_by_id(self) -> Mapping[str, TenantSpec]:
@@ -213,6 +237,7 @@ class Snapshot:
         object.__setattr__(self, "routes", MappingProxyType(dict(self.routes)))
         object.__setattr__(self, "plugins", MappingProxyType(dict(self.plugins)))
         object.__setattr__(self, "profiles", MappingProxyType(dict(self.profiles)))
+        object.__setattr__(self, "rollouts", MappingProxyType(dict(self.rollouts)))
         object.__setattr__(self, "_tenants_by_id", MappingProxyType({t.id: t for t in self.tenants}))
 
     @property
