@@ -26,6 +26,8 @@ buffers its updates (`Pending`) and writes them every 250 ms, so a request costs
 | adapter_processor_scheduler_decision_duration_seconds | histogram | profile (one scheduling profile's whole decision) |
 | adapter_processor_scheduler_plugin_duration_seconds | histogram | profile, plugin, slot (filter, scorer, picker): each plugin call in a profile |
 | adapter_processor_scheduler_plugin_errors_total | counter | profile, plugin, slot (plugin calls that raised and were skipped: a filter keeps all, a scorer adds 0) |
+| adapter_processor_variant_requests_total | counter | route, rollout, arm, outcome (requests of routes with a rollout, `spec.rollouts`, by the arm that served them; counted at `on_done`) |
+| adapter_processor_variant_fallbacks_total | counter | route, rollout, arm (requests assigned an arm whose backend does not serve their model: sent to the route's first candidate) |
 """
 
 from __future__ import annotations
@@ -85,6 +87,12 @@ class ProcessorMetrics:
         self.scheduler_plugin_errors = Counter(f"{ns}_scheduler_plugin_errors", "scheduling plugin calls that raised "
                                                "(the plugin was skipped)", ["profile", "plugin", "slot"],
                                                registry=registry)
+        self.variant_requests = Counter(f"{ns}_variant_requests", "requests of routes with a canary rollout, by the "
+                                        "arm that served them and outcome", ["route", "rollout", "arm", "outcome"],
+                                        registry=registry)
+        self.variant_fallbacks = Counter(f"{ns}_variant_fallbacks", "requests assigned an arm whose backend does not "
+                                         "serve their model (sent to the route's first candidate)",
+                                         ["route", "rollout", "arm"], registry=registry)
         self.config_generation = Gauge(f"{ns}_config_generation", "generation of the config snapshot in use",
                                        registry=registry, multiprocess_mode="max")
 

@@ -10,7 +10,10 @@ digest), else the stream is refused with 503 `config_mismatch` naming both diges
 snapshot is captured once when the stream opens. The request lifecycle (`extproc/lifecycle.py`)
 is started here and told when the stream ends; its first reply carries the lifecycle's dynamic
 metadata so Envoy's access log can report the request's end back to this worker. Requests are
-counted by outcome when `on_done` fires (`RequestObserver`), not when the stream closes.
+counted by outcome (and, on routes with a canary rollout, by arm) when `on_done` fires
+(`RequestObserver`), not when the stream closes. Request headers later phases need are kept in
+`state.attrs` at request headers: the routing hints (`HINT_HEADERS`) and the route's rollout key and
+forcing headers (`RolloutRef.headers`), for a dispatch at the body.
 Why: replies must match Envoy's messages one for one and in order, so a stream is handled
 sequentially; Envoy ends streams by reset as soon as it needs nothing more, so a cancellation is
 a normal end, not an error (the lifecycle decides, from what it knows, whether the client left).
@@ -32,6 +35,7 @@ from extproc.config.snapshot import (DEBUG_METADATA_KEY, DIGEST_METADATA_KEY, RO
 from extproc.errors import reject
 from extproc.metrics import Pending, ProcessorMetrics
 from extproc.runtime import Runtime
+from extproc.stages.dispatch import FALLBACK_ATTR
 from extproc.types import HINT_HEADERS, Mutate, Outcome, Phase, Reject, RequestState, Respond
 
 log = logging.getLogger(__name__)
@@ -104,6 +108,13 @@ class RequestObserver:
             result = ("rejected" if state.reply_code == "tenant_over_quota"
                       else "stale" if state.quota_stale else "admitted")
             pending.inc(self.child(m.admission, state.tenant, result))
+        variant = state.variant
+        if variant is not None:  # "<rollout>/<arm>": both names from the config, never a client's
+            rollout, _, arm = variant.partition("/")
+            pending.inc(self.child(m.variant_requests, label, rollout, arm, outcome.value))
+        fallback = state.attrs.get(FALLBACK_ATTR)
+        if fallback is not None and route.rollout is not None:
+            pending.inc(self.child(m.variant_fallbacks, label, route.rollout.name, fallback))
         c = state.completion
         if c is not None and c.first_upstream_byte is not None and state.backend is not None:
             pending.observe(self.child(m.upstream_first_byte, label, state.backend), c.first_upstream_byte)
@@ -189,6 +200,8 @@ class ExtProcService:
         dialect = route.dialect if route is not None else "adapter"
         label = route.name if route is not None else "unknown"
         pipeline = route.pipeline if route is not None else None
+        # a rollout's key and forcing headers, kept at request headers like HINT_HEADERS (dispatch may run at the body)
+        keep = route.rollout.headers if route is not None and route.rollout is not None else ()
         last_phase = pipeline.last if pipeline is not None else None
         feedback = (lifecycle.feedback and snap.processor.feedback == "accessLog" and pipeline is not None
                     and not pipeline.reads_response)
@@ -223,6 +236,10 @@ class ExtProcService:
                         state.response_status = int(msg.headers.get(":status", "0") or 0)
                     elif phase is _REQUEST_HEADERS and msg.headers:
                         for name in HINT_HEADERS:  # routing hints for plugins deciding at the body
+                            value = msg.headers.get(name)
+                            if value is not None:
+                                state.attrs[name] = value
+                        for name in keep:
                             value = msg.headers.get(name)
                             if value is not None:
                                 state.attrs[name] = value

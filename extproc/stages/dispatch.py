@@ -2,9 +2,11 @@
 
 What: from the parsed request (`state.request`, or the route's default when there is none) the
 route's targets that serve its model are the candidates (404 `model_not_found`, in the route's
-dialect, when none does); the variant slot chooses among them (the route's first candidate until
-canary rollouts fill it); the route's picker plugin or scheduling profile, if any, names an endpoint
-of that backend and its fallbacks (`extproc/scheduling/`). When a profile's filters leave no
+dialect, when none does); the variant slot chooses among them: the route's first candidate, or, on
+a route with a rollout (`spec.rollouts`), the backend of the arm `canary.assign.decide` assigns
+(sticky by a trusted key, `state.variant` = "<rollout>/<arm>", also sent as dynamic metadata
+`adapter.variant`, from which Envoy's route adds the `x-adapter-variant` response header); the
+route's picker plugin or scheduling profile, if any, names an endpoint of that backend and its fallbacks (`extproc/scheduling/`). When a profile's filters leave no
 endpoint the request is refused in the route's dialect: 503 `no_capacity`, or 429 `overloaded`
 with `Retry-After: 1` when the request is sheddable (priority < 0, the GIE rule). The reply sets `x-adapter-backend` and
 `x-adapter-route-target` (Envoy matches the (route, backend) entry that carries the route's
@@ -16,19 +18,24 @@ balances). The pick is counted in flight until the request's `on_done`.
 requests of routes that do: `only_without_body`); `DispatchAtBody` after the body was parsed.
 Why: one dispatch point instead of a `route_to` call in every stage: canaries and schedulers
 change one function, and every route kind gets them.
-Cost: one backend scan (a route has a handful of targets) plus the picker's own cost.
+Cost: one backend scan (a route has a handful of targets) plus the picker's own cost; with a rollout,
+`decide` (a blake2b of the key and a scan of the arms, about 2 us).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from extproc.config.snapshot import BACKEND_HEADER, DESTINATION_HEADER, LB_METADATA_NAMESPACE, ROUTE_TARGET_HEADER
+from canary.assign import RequestFacts, decide
+from extproc.config.snapshot import (BACKEND_HEADER, DESTINATION_HEADER, LB_METADATA_NAMESPACE, ROUTE_TARGET_HEADER,
+                                     VARIANT_METADATA_KEY, VARIANT_METADATA_NAMESPACE)
 from extproc.errors import reject
 from extproc.scheduling import NoCapacity
 from extproc.types import HttpMessage, Mutate, Outcome, Reject, RequestState, Verdict
 
 RETRY_AFTER_S = 1  # Retry-After of a sheddable request refused because no endpoint is left
+ASSIGNMENT_ATTR = "canary.assignment"  # state.attrs: the canary.assign.Assignment (arm, how, source, reasons)
+FALLBACK_ATTR = "canary.fallback"  # state.attrs: the arm chosen whose backend did not serve the model
 
 
 def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None = None) -> Verdict:
@@ -43,11 +50,15 @@ def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None 
         else:
             message = f"The model `{model}` does not exist on this gateway (served: {served})."
         return reject(404, "model_not_found", message, param="model")
-    backend = candidates[0]  # the variant slot: canary rollouts choose among candidates here
+    backend = candidates[0]
+    metadata: tuple = ()
+    if route.rollout is not None:  # the variant slot: the rollout's arm, when its backend serves the model
+        backend = choose_variant(state, route.rollout, candidates)
+        if state.variant is not None:
+            metadata = ((VARIANT_METADATA_NAMESPACE, {VARIANT_METADATA_KEY: state.variant}),)
     state.backend = backend.name
     state.target = backend
     set_headers = (*headers, (BACKEND_HEADER, backend.name), (ROUTE_TARGET_HEADER, route.name))
-    metadata: tuple = ()
     if route.picker is not None and backend.pickable and state.runtime is not None:
         try:
             picks = state.runtime.plugin(route.picker).pick(state, backend, backend.endpoint_ids)
@@ -58,8 +69,32 @@ def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None 
             state.endpoint = picks[0]
             state.runtime.inflight.started(picks[0])
             set_headers += ((DESTINATION_HEADER, value),)
-            metadata = ((LB_METADATA_NAMESPACE, {DESTINATION_HEADER: value}),)
+            metadata += ((LB_METADATA_NAMESPACE, {DESTINATION_HEADER: value}),)
     return Mutate(set_headers=set_headers, body=body, clear_route_cache=True, dynamic_metadata=metadata)
+
+
+def choose_variant(state: RequestState, ro: Any, candidates: tuple) -> Any:
+    """The backend of the arm `canary.assign.decide` chooses for this request (forced by a trusted
+    header, else sticky by its key, else weighted random), and `state.variant` = "<rollout>/<arm>".
+    The key comes from the headers the stream kept at request headers (`state.attrs`, only the
+    rollout's `headers`) and the tenant admission resolved; no JWT claims (none reach the processor).
+    When the arm's backend does not serve the request's model, the request goes to `candidates[0]`
+    (counted in `adapter_processor_variant_fallbacks_total`) and names the arm of that backend, if one
+    is (the baseline first), else no arm."""
+    attrs = state.attrs
+    headers = {h: attrs[h] for h in ro.headers if h in attrs}
+    a = decide(ro.rollout, ro.policy, RequestFacts(headers, None, state.tenant))
+    attrs[ASSIGNMENT_ATTR] = a
+    want = ro.arm_backends[a.arm]
+    for b in candidates:
+        if b.name == want:
+            state.variant = a.variant
+            return b
+    backend = candidates[0]
+    attrs[FALLBACK_ATTR] = a.arm
+    served = next((arm for arm in ro.arms if ro.arm_backends[arm] == backend.name), None)
+    state.variant = f"{ro.name}/{served}" if served is not None else None
+    return backend
 
 
 def no_capacity(e: NoCapacity) -> Reject:
@@ -102,4 +137,5 @@ def backend_of(state: RequestState) -> Any:
     return state.target if state.target is not None else state.route.backend
 
 
-__all__ = ["dispatch", "DispatchAtHeaders", "DispatchAtBody", "release", "backend_of", "no_capacity"]
+__all__ = ["dispatch", "DispatchAtHeaders", "DispatchAtBody", "release", "backend_of", "no_capacity", "choose_variant",
+           "ASSIGNMENT_ATTR", "FALLBACK_ATTR"]
