@@ -21,6 +21,8 @@ What the generated config does:
   by default); clients cannot send the header (stripped early);
 - one gRPC access logger per worker sends each worker the log entries of the requests it served
   (dynamic metadata `adapter.worker`), to cluster `adapter_als_<i>` (that worker's gRPC server);
+- a route with a canary rollout adds `x-adapter-variant: <rollout>/<arm>` to its responses from the
+  dynamic metadata `adapter.variant` the processor sets at dispatch;
 - every route sends the config digest (`x-adapter-config-digest`) with its gRPC initial metadata,
   so a worker can tell which config Envoy routed a request by;
 - `failureMode: closed` answers 503 when the processor is unreachable; `open` passes the request
@@ -42,7 +44,8 @@ import yaml
 
 from extproc.config.snapshot import (BACKEND_HEADER, DEBUG_METADATA_KEY, DESTINATION_HEADER, DIGEST_METADATA_KEY,
                                      HEALTH_ROUTE, LB_METADATA_NAMESPACE, is_ip, ROUTE_METADATA_KEY, ROUTE_TARGET_HEADER,
-                                     TENANT_METADATA_KEY, Backend, Route, Snapshot)
+                                     TENANT_METADATA_KEY, VARIANT_HEADER, VARIANT_METADATA_KEY,
+                                     VARIANT_METADATA_NAMESPACE, Backend, Route, Snapshot)
 from extproc.types import Phase
 
 PROCESSOR_CLUSTER = "adapter_processor"
@@ -121,7 +124,21 @@ def _backend_route(route: Route, backend: Backend, tenant_header: str, digest: s
         "route": {"cluster": backend.cluster, "timeout": _duration(route.timeout)},
         "request_headers_to_remove": [BACKEND_HEADER, ROUTE_TARGET_HEADER],
         "typed_per_filter_config": _ext_proc_per_route(route, tenant_header, digest),
+        **_variant_header(route),
     }
+
+
+def _variant_header(route: Route) -> dict[str, Any]:
+    """A route with a rollout names the arm on every response: `x-adapter-variant` from the dynamic
+    metadata `adapter.variant` dispatch sets (so also on routes whose response the processor never
+    sees); a backend's own copy is overwritten, and Envoy leaves the header out when the value is empty."""
+    if route.rollout is None:
+        return {}
+    return {"response_headers_to_add": [{
+        "header": {"key": VARIANT_HEADER,
+                   "value": f"%DYNAMIC_METADATA({VARIANT_METADATA_NAMESPACE}:{VARIANT_METADATA_KEY})%"},
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }]}
 
 
 def _client_route(route: Route, tenant_header: str, digest: str) -> dict[str, Any]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from canary.assign import Arm, KeyPolicy, Rollout, TenantKey, TrustedHeader
-from extproc.config.loader import ConfigError, load_text
+from extproc.config.loader import ConfigError, load_file, load_text
+from tests.conftest import REPO
 
 HEAD = """\
 apiVersion: adapter.ai/v1
@@ -72,6 +73,19 @@ def test_the_snapshot_with_other_endpoints_keeps_the_rollout():
     snap = load_text(config(f"{{name: r, route: v1, {ARMS}, {KEY}}}"))
     moved = snap.with_endpoints({"canary": (("127.0.0.1", 9999),)})
     assert moved.routes["v1"].rollout is snap.routes["v1"].rollout
+
+
+def test_the_envoy_route_adds_the_variant_header_from_dynamic_metadata_only_on_routes_with_a_rollout():
+    from extproc.envoy_render import route_configuration
+
+    snap = load_text(config(f"{{name: r, route: v1, {ARMS}, {KEY}}}"))
+    entries = {e["name"]: e for e in route_configuration(snap)["virtual_hosts"][0]["routes"]}
+    want = [{"header": {"key": "x-adapter-variant", "value": "%DYNAMIC_METADATA(adapter:variant)%"},
+             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    assert entries["v1--stable"]["response_headers_to_add"] == want
+    assert entries["v1--canary"]["response_headers_to_add"] == want
+    assert "response_headers_to_add" not in entries["v2--stable"]
+    assert "response_headers_to_add" not in entries["p--stable"]
 
 
 REFUSALS = {
