@@ -75,6 +75,18 @@ def test_the_snapshot_with_other_endpoints_keeps_the_rollout():
     assert moved.routes["v1"].rollout is snap.routes["v1"].rollout
 
 
+def test_the_example_validates_and_renders_the_variant_header(capsys):
+    from extproc.cli import main
+
+    snap = load_file(REPO / "examples" / "canary.yaml")
+    ref = snap.routes["v1"].rollout
+    assert (ref.name, ref.arms, ref.rollout.weight("canary")) == ("llama-v2", ("stable", "canary"), 1000)
+    assert ref.policy.sources == (TrustedHeader("x-user-id"),)
+    assert main(["validate", str(REPO / "examples" / "canary.yaml")]) == 0
+    assert ("rollout llama-v2 on v1: stable 90% (llama-stable), canary 10% (llama-canary); key header:x-user-id, "
+            "forced by header:x-canary") in capsys.readouterr().out
+
+
 def test_the_envoy_route_adds_the_variant_header_from_dynamic_metadata_only_on_routes_with_a_rollout():
     from extproc.envoy_render import route_configuration
 
