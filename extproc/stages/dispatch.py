@@ -24,11 +24,12 @@ Cost: one backend scan (a route has a handful of targets) plus the picker's own 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from canary.assign import RequestFacts, decide
 from extproc.config.snapshot import (BACKEND_HEADER, DESTINATION_HEADER, LB_METADATA_NAMESPACE, ROUTE_TARGET_HEADER,
-                                     VARIANT_METADATA_KEY, VARIANT_METADATA_NAMESPACE)
+                                     VARIANT_HEADER, VARIANT_METADATA_KEY, VARIANT_METADATA_NAMESPACE)
 from extproc.errors import reject
 from extproc.scheduling import NoCapacity
 from extproc.types import HttpMessage, Mutate, Outcome, Reject, RequestState, Verdict
@@ -63,7 +64,10 @@ def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None 
         try:
             picks = state.runtime.plugin(route.picker).pick(state, backend, backend.endpoint_ids)
         except NoCapacity as e:
-            return no_capacity(e)
+            refusal = no_capacity(e)
+            if state.variant is not None:  # the arm was chosen: the refusal names it (Envoy's route adds
+                refusal = replace(refusal, headers=((VARIANT_HEADER, state.variant),))  # none to it)
+            return refusal
         if picks:
             value = ",".join(picks)
             state.endpoint = picks[0]

@@ -39,6 +39,9 @@ spec:
     - {name: canary, endpoints: ["127.0.0.1:9101"], models: [m]}
   plugins:
     - {name: pin, type: pinned-endpoint, parameters: {endpoint: "127.0.0.1:9002"}}
+    - {name: h100, type: label-filter, parameters: {matchLabels: {gpu: h100}}}
+  schedulingProfiles:
+    - {name: nothing-left, plugins: [{pluginRef: h100}]}
   routes:
     - {path: /v1/, match: prefix, kind: openai, name: v1, targets: [stable, canary]}
     - {path: /t/, match: prefix, kind: openai, name: t, targets: [stable, canary]}
@@ -46,6 +49,7 @@ spec:
     - {path: /pick/, match: prefix, kind: openai, name: pick, targets: [stable, canary], plugins: [pin]}
     - {path: /p, kind: passthrough, name: p, target: stable}
     - {path: /plain/, match: prefix, kind: openai, name: plain, targets: [stable, canary]}
+    - {path: /cap/, match: prefix, kind: openai, name: cap, targets: [stable, canary], plugins: [nothing-left]}
   rollouts:
     - name: r
       route: v1
@@ -61,6 +65,9 @@ spec:
       key: {sources: [{header: x-user-id}], trustedHeaders: [x-user-id]}
     - name: rp
       route: pick
+      arms: [{name: stable, backend: stable}, {name: canary, backend: canary, weight: 100}]
+    - name: rc
+      routes: [cap]
       arms: [{name: stable, backend: stable}, {name: canary, backend: canary, weight: 100}]
     - name: aa
       route: p
@@ -201,6 +208,25 @@ def test_a_pick_and_a_variant_both_go_into_the_dynamic_metadata(runtime):
     assert state.variant == "rp/stable"
     assert v.dynamic_metadata == (("adapter", {"variant": "rp/stable"}),
                                   (LB_METADATA_NAMESPACE, {DESTINATION_HEADER: "127.0.0.1:9002,127.0.0.1:9001"}))
+
+
+def test_a_refusal_after_the_arm_was_chosen_names_the_arm(snap, runtime):
+    from extproc.types import Reject
+
+    r = snap.routes["cap"]
+    state = RequestState(snapshot=snap, route=r, started=0.0, request_id="rid", runtime=runtime)
+    h = {":path": "/cap/chat/completions", ":method": "POST", "content-type": "application/json"}
+    asyncio.run(r.pipeline.run(state, HttpMessage(Phase.REQUEST_HEADERS, headers=h)))
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    v = asyncio.run(r.pipeline.run(state, HttpMessage(Phase.REQUEST_BODY, body=body, end_of_stream=True)))
+    assert isinstance(v, Reject) and (v.status, v.code) == (503, "no_capacity")
+    assert v.headers == (("x-adapter-variant", "rc/canary"),) and state.variant == "rc/canary"
+    # the codec puts it on the immediate response
+    from extproc import codec
+
+    reply = codec.encode(Phase.REQUEST_BODY, v, "openai", "cap", "rid")
+    sent = {h.header.key: h.header.raw_value.decode() for h in reply.immediate_response.headers.set_headers}
+    assert sent["x-adapter-variant"] == "rc/canary" and sent["x-adapter-error"] == "no_capacity"
 
 
 def test_the_variant_counter_counts_by_route_rollout_arm_and_outcome_at_on_done(snap, runtime):
