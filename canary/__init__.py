@@ -2,11 +2,18 @@
 
 - `canary.assign`: sticky, salted, monotone assignment of requests to a rollout's arms (10,000 buckets,
   weights in basis points), key sources with route trust, `x-canary` forcing, weighted random for
-  requests without a key.
+  requests without a key. Called by dispatch's variant slot (`extproc/stages/dispatch.py`) on routes
+  with a rollout (`spec.rollouts`); the arm is named in `x-adapter-variant` and counted in
+  `adapter_processor_variant_requests_total`.
 - `canary.bundle`: adapter bundles: build a SHA256-manifested, optionally ed25519-signed ZIP from a
   directory and verify one (`adapterctl bundle build|verify`).
+- `canary.judge`: per-arm windows of latency, TTFT and errors; the brief's thresholds with a
+  Mann-Whitney U test per latency metric and Fisher's test for errors: pass, fail or inconclusive.
+- `canary.plan`: a step plan (1 -> 5 -> 25 -> 50 -> 100 %) with minimum samples and dwell, automatic
+  promotion and rollback, operator actions, state saved atomically and refused with file and field
+  when corrupt.
 
-Not yet: the request-path integration (dispatch's variant slot, `x-adapter-variant`, per-arm metrics),
-the judge, step plans, rollout state, sandboxed preload of bundles. docs/canary.md says what remains.
-Nothing here is imported by the processor yet, and importing this package imports nothing.
+Not yet: feeding the judge's windows from the request lifecycle and applying a plan's weights to the
+live config, `adapterctl canary`, endpoint and bundle arms, sandboxed preload of bundles,
+perf/bench_canary.py. docs/canary.md says what remains. Importing this package imports nothing.
 """
