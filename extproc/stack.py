@@ -42,10 +42,16 @@ from extproc.xds import EnvoyAdminAck, XdsWriter, bootstrap_yaml
 log = logging.getLogger("adapterctl.up")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1", avoid: frozenset[int] | set[int] = frozenset()) -> int:
+    """A port free now (the kernel's choice), other than those in `avoid`: ports a stack has chosen but
+    not yet bound (its processor workers bind theirs after the simulators start) look free too."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
+    raise RuntimeError(f"no free port outside the {len(avoid)} reserved ones")
 
 
 def free_port_block(n: int, host: str = "127.0.0.1") -> int:
@@ -122,6 +128,7 @@ class Stack:
     xds: XdsWriter | None = field(default=None, init=False)  # writes Envoy's live config (extproc.xds)
     _endpoint_overrides: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict, init=False)
     _workers: int = field(default=0, init=False)
+    _reserved: set[int] = field(default_factory=set, init=False)  # ports chosen for this stack, bound or not
 
     @property
     def envoy_pid(self) -> int | None:
@@ -170,12 +177,18 @@ class Stack:
         snap = self._apply(snap)
         processor = snap.processor
         overrides = self._endpoint_overrides
+        # the stack's own ports, chosen but not bound until the processor and Envoy start: a simulator
+        # must not get one of them from the kernel meanwhile (a worker then fails to bind, exit code 3)
+        reserved = {snap.listener.port, snap.admin.port, processor.admin_port,
+                    *range(processor.base_port, processor.base_port + workers)}
+        self._reserved = reserved
         if self.simulate:
             chosen = set(snap.backends) if self.simulate is True else set(self.simulate)
             for name, backend in snap.backends.items():
                 if name not in chosen:
                     continue
-                port = free_port()
+                port = free_port(avoid=reserved)
+                reserved.add(port)
                 if backend.adapter.api == "kserve":
                     self._start_ort(name, backend, port)
                     overrides[name] = (("127.0.0.1", port),)
@@ -253,7 +266,8 @@ class Stack:
     def _start_ort(self, name: str, backend, port: int) -> None:
         """KServe backends get our real ONNX Runtime server with its demo models (real inference)."""
         repo = Path(self.run_dir or tempfile.mkdtemp(prefix="adapter-gateway-")) / f"models-{name}"
-        http_port = free_port() if backend.protocol == "grpc" else port  # grpc: `port` is the gRPC one
+        http_port = free_port(avoid=self._reserved) if backend.protocol == "grpc" else port  # grpc: `port` is the gRPC one
+        self._reserved.add(http_port)
         cmd = [sys.executable, "-m", "backends.onnxruntime", "--repository", str(repo), "--build-demo-models",
                "--host", "127.0.0.1", "--port", str(http_port), "--log-level", self.log_level]
         if backend.protocol == "grpc":
