@@ -240,3 +240,19 @@ def test_colliding_keys_probe_to_the_next_slot(monkeypatch):
     assert t._own.find(endpoint_key(other), insert=False) == ((home + 1) % 4) * 24
     t.finished(other)
     assert t.get(EP) == 2 and t.get(other) == 0
+
+
+def test_counts_reads_slot_zero_and_the_struct_path_of_big_endian_hosts(tmp_path, clock, monkeypatch):
+    monkeypatch.setattr(inflight, "SLOTS", 4)
+    at_zero = next(ep for ep in (f"10.0.4.{i}:80" for i in range(1000)) if endpoint_key(ep) % 4 == 0)
+    w0, w1 = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
+    bump(w0, at_zero, started=3, finished=1)
+    bump(w1, at_zero, started=2)
+    bump(w1, EP, started=1)
+    assert w0._own.find(endpoint_key(at_zero), insert=False) == 0  # offset 0 is a slot, not "absent"
+    want = {at_zero: 4, EP: 1, OTHER: 0}
+    assert w0.counts((at_zero, EP, OTHER)) == want
+    # a host whose byte order is not little-endian reads each slot with struct instead of u64 words
+    for t in w0._tables():
+        t.words = None
+    assert w0.counts((at_zero, EP, OTHER)) == want == {e: w0.get(e) for e in want}

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from extproc.scheduling import NoCapacity
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from extproc.scheduling.profile import SchedulingProfile, _add_bounded, normalise
@@ -64,6 +64,8 @@ _SCORE = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st
 
 @settings(max_examples=300, deadline=None)
 @given(raw=st.dictionaries(st.sampled_from(POOL + ("127.0.0.1:9999",)), _SCORE), weight=st.floats(0, 10))
+@example(raw={E1: 1.0, E2: 1.5, E3: 0.5, E4: math.inf}, weight=2.0)  # the clamp's edges, every run
+@example(raw={E1: 0.0, E2: -0.5, E3: math.nan, E4: 0.999}, weight=1.0)
 def test_the_bounded_fast_path_adds_what_normalise_gives(raw, weight):
     """The framework's fast path for bounded scorers (explanation off) adds weight * normalise(bounded)
     into the totals, or reports that it cannot (a non-float value) and leaves the totals as they were."""
