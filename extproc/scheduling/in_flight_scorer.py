@@ -15,7 +15,7 @@ Bounded (`bounded = True`): the framework only clamps.
 Formula: relative: score(e) = 1 - inflight(e) / max over candidates of inflight (every candidate 1.0
 when none has a request in flight, so equal loads tie and the picker breaks the tie); absolute:
 score(e) = max(0, 1 - inflight(e) / capacity(e)), capacity(e) = the endpoint's `capacityLabel`
-label when it is a positive number, else `capacity`; an endpoint with neither is scored relative
+label when it is a positive finite number, else `capacity`; an endpoint with neither is scored relative
 to the busiest.
 Parameters: `capacity` (int >= 1, default none), `capacityLabel` (label name, default none).
 Data consumed: in-flight counters, the endpoints' labels. Cost: one `InflightTable.counts` over the
@@ -30,22 +30,12 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from extproc.scheduling import Parameters, Plugin, inflight_counts
+from extproc.scheduling.selectors import positive_label
 
 
 class InFlightScorerParameters(Parameters):
     capacity: int | None = Field(default=None, ge=1)
     capacity_label: str | None = Field(default=None, alias="capacityLabel", min_length=1)
-
-
-def _label_capacity(labels: Any, endpoint: str, name: str) -> float | None:
-    raw = (labels.get(endpoint) or {}).get(name)
-    if raw is None:
-        return None
-    try:
-        v = float(raw)
-    except ValueError:
-        return None
-    return v if v > 0 else None
 
 
 class InFlightScorer(Plugin):
@@ -62,7 +52,7 @@ class InFlightScorer(Plugin):
         out: dict[str, float] = {}
         rest = []
         for e in candidates:
-            cap = _label_capacity(ctx.labels, e, p.capacity_label) if p.capacity_label else None
+            cap = positive_label(ctx.labels, e, p.capacity_label)
             if cap is None:
                 cap = p.capacity
             if cap is None:

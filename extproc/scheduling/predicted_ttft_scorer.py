@@ -60,7 +60,8 @@ from pydantic import Field
 
 from extproc.scheduling import Parameters, Plugin, inflight_counts
 from extproc.scheduling.prefix_cache_scorer import PREFIX_MATCH, PROMPT_BYTES
-from extproc.scheduling.ttft_headroom_scorer import SLO_HEADER, TtftModel
+from extproc.scheduling.selectors import positive_label
+from extproc.scheduling.ttft_headroom_scorer import TtftModel, request_slo_ms
 from extproc.types import Outcome
 
 
@@ -79,19 +80,6 @@ class PredictedTtftParameters(Parameters):
     forgetting: float = Field(default=0.995, gt=0.0, le=1.0)
     ridge: float = Field(default=1e-3, ge=0.0)
     ahead_limit: int = Field(default=1024, alias="aheadLimit", ge=1)
-
-
-def _positive(labels: Any, endpoint: str, name: str | None) -> float | None:
-    if not name:
-        return None
-    raw = (labels.get(endpoint) or {}).get(name)
-    if raw is None:
-        return None
-    try:
-        v = float(raw)
-    except ValueError:
-        return None
-    return v if v > 0 and math.isfinite(v) else None
 
 
 class PredictedTtftScorer(Plugin):
@@ -141,21 +129,13 @@ class PredictedTtftScorer(Plugin):
         facts = cached[1].get(endpoint)
         if facts is None:
             p = self.params
-            slots = _positive(labels, endpoint, p.slots_label) or float(p.slots)
-            speed = _positive(labels, endpoint, p.speed_label) or 1.0
-            facts = cached[1][endpoint] = (slots, speed, _positive(labels, endpoint, p.kv_tokens_label))
+            slots = positive_label(labels, endpoint, p.slots_label) or float(p.slots)
+            speed = positive_label(labels, endpoint, p.speed_label) or 1.0
+            facts = cached[1][endpoint] = (slots, speed, positive_label(labels, endpoint, p.kv_tokens_label))
         return facts
 
     def slo_ms(self, state: Any) -> float:
-        raw = state.attrs.get(SLO_HEADER) if state is not None else None
-        if raw is not None:
-            try:
-                v = float(raw)
-            except ValueError:
-                v = 0.0
-            if v > 0.0 and math.isfinite(v):
-                return v
-        return self.params.ttft_slo_ms
+        return request_slo_ms(state, self.params.ttft_slo_ms)
 
     # --- the score and the learning ------------------------------------------------------------------
 

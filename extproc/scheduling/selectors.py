@@ -15,6 +15,7 @@ Cost: a dict lookup per label per candidate; `split_version` one regex match per
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from typing import Mapping
@@ -87,3 +88,19 @@ def request_version(request: object) -> str | None:
 
 __all__ = ["Selector", "LabelSet", "split_version", "norm_version", "same_version", "request_version",
            "versions_of"]
+
+
+def positive_label(labels: Mapping[str, Mapping[str, str]], endpoint: str, name: str | None) -> float | None:
+    """The endpoint's label `name` as a positive finite number, else None (absent, not a number, <= 0,
+    inf or nan): how capacity, speed and KV-size labels are read."""
+    if not name:
+        return None
+    raw = (labels.get(endpoint) or {}).get(name)
+    if raw is None:
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        return None
+    return v if v > 0 and math.isfinite(v) else None
+

@@ -48,6 +48,20 @@ class TtftHeadroomScorerParameters(Parameters):
     streaming_only: bool = Field(default=True, alias="streamingOnly")
 
 
+def request_slo_ms(state: Any, default: float) -> float:
+    """The request's TTFT SLO: its `x-slo-ttft-ms` header (kept in `state.attrs`) when a positive finite
+    number, else `default`."""
+    raw = state.attrs.get(SLO_HEADER) if state is not None else None
+    if raw is not None:
+        try:
+            v = float(raw)
+        except ValueError:
+            v = 0.0
+        if v > 0.0 and math.isfinite(v):
+            return v
+    return default
+
+
 def solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
     """x with a x = b (3x3, Gaussian elimination with partial pivoting); None when singular."""
     m = [row[:] + [b[i]] for i, row in enumerate(a)]
@@ -136,15 +150,7 @@ class TtftHeadroomScorer(Plugin):
         return float(inflight.get(endpoint)) if inflight is not None else 0.0
 
     def slo_ms(self, state: Any) -> float:
-        raw = state.attrs.get(SLO_HEADER) if state is not None else None
-        if raw is not None:
-            try:
-                v = float(raw)
-            except ValueError:
-                v = 0.0
-            if v > 0.0 and math.isfinite(v):
-                return v
-        return self.params.ttft_slo_ms
+        return request_slo_ms(state, self.params.ttft_slo_ms)
 
     def observe(self, endpoint: str, queue: float, kchars: float, ttft_ms: float) -> None:
         m = self.models.get(endpoint)
