@@ -185,13 +185,17 @@ def _crypto(file: str):
     return serialization, ed25519, InvalidSignature
 
 
+def _key_bytes(path: str | os.PathLike) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise BundleError.one(str(path), "key", f"cannot be read: {e.strerror or e}") from None
+
+
 def load_private_key(path: str | os.PathLike):
     """An ed25519 private key from a PEM file (unencrypted PKCS#8)."""
     serialization, ed25519, _ = _crypto(str(path))
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BundleError.one(str(path), "key", f"cannot be read: {e.strerror or e}") from None
+    data = _key_bytes(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:
@@ -206,10 +210,7 @@ def load_private_key(path: str | os.PathLike):
 def load_public_key(path: str | os.PathLike):
     """An ed25519 public key from a PEM (SubjectPublicKeyInfo) or OpenSSH (`ssh-ed25519 ...`) file."""
     serialization, ed25519, _ = _crypto(str(path))
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise BundleError.one(str(path), "key", f"cannot be read: {e.strerror or e}") from None
+    data = _key_bytes(path)
     try:
         if data.lstrip().startswith(b"ssh-"):
             key = serialization.load_ssh_public_key(data.strip())
