@@ -568,6 +568,9 @@ def _merge(schemas: list[Any]) -> dict:
         if schema is False:
             raise ValueError("an `allOf` containing `false` has no valid instance")
         schema = _cross_additional(merged, schema)
+        # the merged side's additionalItems as it was before this member: the member's own may be
+        # applied first (its keys come in any order) and must not count as the other side's
+        prior_additional_items = merged.get("additionalItems", True)
         for key, value in schema.items():
             if key not in merged:
                 merged[key] = value
@@ -586,7 +589,7 @@ def _merge(schemas: list[Any]) -> dict:
                 merged[key] = _intersect_types(merged[key], value)
             elif key == "items" and (isinstance(merged[key], list) or isinstance(value, list)):
                 # tuples: position by position, each side's additionalItems past its own tuple
-                left_rest, right_rest = merged.get("additionalItems", True), schema.get("additionalItems", True)
+                left_rest, right_rest = prior_additional_items, schema.get("additionalItems", True)
                 left = merged[key] if isinstance(merged[key], list) else None
                 right = value if isinstance(value, list) else None
                 if left is None:
