@@ -160,6 +160,30 @@ def _render_dynamic(args: argparse.Namespace, snap) -> int:
     return 0
 
 
+def _kill_children() -> None:
+    """SIGKILL every direct child (Envoy, processor workers, simulators) before a forced exit: their
+    parent-death signal is SIGTERM, which a worker still draining its first stop could take as the
+    start of a graceful drain and outlive us; a forced exit leaves no process behind."""
+    me = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:  # pragma: no cover - not Linux
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 class _Signals:
     """SIGINT/SIGTERM handling installed before anything starts, so a Ctrl-C during start-up or
     right after it is never lost: the first signal asks for an orderly stop, a second one forces
@@ -175,6 +199,7 @@ class _Signals:
         self.count += 1
         if self.count > 1:
             print("\nsecond signal: forcing exit", file=sys.stderr)
+            _kill_children()
             os._exit(130)
         self.stop.set()
 
