@@ -554,3 +554,27 @@ def test_prefills_ahead_count_until_the_first_token_or_the_end_and_are_bounded()
     assert s.ahead[E1] == {} and s.score(c, (E1,)) == pytest.approx({E1: 1 - 46 / 1000})
     s.picked(SimpleNamespace(state=RequestState(snapshot=None, route=None, started=0.0, request_id="d")), E2)
     assert E2 not in s.ahead  # a pick this scorer did not score is not remembered
+
+
+def test_a_picked_request_that_ends_leaves_the_prefills_ahead_and_is_learned_with_them():
+    rt = Runtime()
+    s = PredictedTtftScorer("s", PredictedTtftParameters(minSamples=3), rt)
+
+    def scored_and_picked(rid: str, endpoint: str) -> RequestState:
+        st = RequestState(snapshot=None, route=None, started=10.0, request_id=rid, runtime=rt)
+        st.request = request("q", stream=True)
+        s.score(Ctx(cycle={"prompt_bytes": 2000, "prefix_match": {E1: 0.5}}, state=st), (E1, E2))
+        s.picked(SimpleNamespace(state=st), endpoint)
+        st.endpoint = endpoint
+        return st
+
+    elsewhere = scored_and_picked("a", E1)  # E1's list comes first in `ahead`
+    first = scored_and_picked("b", E2)
+    st = scored_and_picked("c", E2)  # scored with b's 2 KB ahead of it on E2
+    assert st.attrs[s.key][E2] == pytest.approx((0.0, 2.0, 1.0, 2.0))
+    st.first_body = 10.3
+    s.on_done(st, Outcome.OK)
+    assert id(st) not in s.ahead[E2] and id(first) in s.ahead[E2] and id(elsewhere) in s.ahead[E1]
+    # learned, on x = (1, wait 0, uncached 2 + ahead 2 KB), y = 300 ms: the running sums say so
+    assert s.model.n == 1
+    assert s.model.b == pytest.approx([300.0, 0.0, 4.0 * 300.0])
