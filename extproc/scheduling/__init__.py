@@ -59,7 +59,10 @@ class Parameters(BaseModel):
 
 class Plugin:
     """What every plugin has: its name, its parameters and the worker's runtime; `configure` takes the
-    new parameters (a plugin with state to keep or rebuild on a reload overrides it)."""
+    new parameters (a plugin with state to keep or rebuild on a reload overrides it). A plugin that
+    learns from finished requests defines `on_done(state, outcome)`: it is registered on the runtime's
+    lifecycle observers when the plugin is built and removed by `close()` (which the runtime calls when
+    the plugin leaves the config)."""
 
     standalone: ClassVar[bool] = False  # a picker that orders endpoints itself: pick(state, backend, endpoints)
     bounded: ClassVar[bool] = False  # a scorer whose raw scores are already in [0, 1]: only clamped
@@ -69,9 +72,18 @@ class Plugin:
         self.name = name
         self.params = params
         self.runtime = runtime
+        on_done = getattr(self, "on_done", None)
+        self._lifecycle = getattr(runtime, "lifecycle", None) if on_done is not None else None
+        if self._lifecycle is not None:
+            self._lifecycle.observers.append(on_done)
 
     def configure(self, old: Any, new: Any) -> None:
         self.params = new
+
+    def close(self) -> None:
+        lifecycle = self._lifecycle
+        if lifecycle is not None and self.on_done in lifecycle.observers:  # type: ignore[attr-defined]
+            lifecycle.observers.remove(self.on_done)  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)
@@ -91,6 +103,9 @@ class SchedulingContext:
     cycle: dict = field(default_factory=dict)  # per-decision scratch a plugin passes from score() to picked()
 
 
+INFLIGHT_COUNTS = "inflight_counts"  # ctx.cycle: (candidates, their in-flight counts)
+
+
 def inflight_counts(ctx: Any, runtime: Any, candidates: tuple[str, ...]) -> dict[str, int]:
     """The candidates' gateway-wide in-flight counts, read once per decision (`ctx.cycle`) for every
     plugin that needs them (in-flight-scorer, predicted-ttft-scorer): one pass over the workers' tables
@@ -102,9 +117,6 @@ def inflight_counts(ctx: Any, runtime: Any, candidates: tuple[str, ...]) -> dict
     if found is None or found[0] != candidates:
         found = cycle[INFLIGHT_COUNTS] = (candidates, runtime.inflight.counts(candidates))
     return found[1]
-
-
-INFLIGHT_COUNTS = "inflight_counts"
 
 
 class NoCapacity(Exception):

@@ -44,8 +44,8 @@ per token, an 8B model on one H100), `slotWaitMs` (50), `slots` (256, vLLM's def
 `minSamples` (32), `forgetting` (0.995: about 200 requests of memory), `ridge` (0.001),
 `aheadLimit` (1024: requests remembered per endpoint awaiting their first token; the oldest go first).
 Data consumed: the prefix index match and prompt length (ctx.cycle), in-flight counts, endpoint
-labels, the SLO header, each finished streamed request's TTFT (a lifecycle observer this plugin
-registers; the framework has no on_done hook for plugins). `ahead_kb` is per worker: with N workers
+labels, the SLO header, each finished streamed request's TTFT (this plugin's `on_done`, which
+the `Plugin` base registers on the lifecycle's observers). `ahead_kb` is per worker: with N workers
 each knows the prefills it sent itself (about 1/N of them). Cost: one in-flight read for the
 candidates and a few multiplications per candidate (about 3 us for 8 endpoints warm on this
 2-core machine); per finished request one 3x3 solve, in the observer, off the decision.
@@ -96,19 +96,11 @@ class PredictedTtftScorer(Plugin):
         self.ahead: dict[str, dict[int, tuple[Any, float]]] = {}
         # (labels, {e: (slots, speed, kv tokens or None)}), parsed once per labels object
         self._labels: tuple[Any, dict[str, tuple[float, float, float | None]]] | None = None
-        lifecycle = getattr(runtime, "lifecycle", None)
-        self._lifecycle = lifecycle
-        if lifecycle is not None:
-            lifecycle.observers.append(self.on_done)
 
     def configure(self, old: Any, new: Any) -> None:
         super().configure(old, new)
         self.model.forgetting, self.model.ridge = new.forgetting, new.ridge  # the fit so far stays
         self._labels = None
-
-    def close(self) -> None:
-        if self._lifecycle is not None and self.on_done in self._lifecycle.observers:
-            self._lifecycle.observers.remove(self.on_done)
 
     # --- the model -----------------------------------------------------------------------------------
 

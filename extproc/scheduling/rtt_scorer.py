@@ -10,8 +10,8 @@ What: the RTT of each candidate, from the first source that has it:
   than `staleAfterS` (agent dead or stuck) is not used;
 - `ttfb`: without the agent (or for endpoints it has not seen), a per-endpoint EWMA of the
   upstream time to first byte Envoy reports at each request's end (`state.completion.
-  first_upstream_byte`), learned by a lifecycle observer this plugin registers on the worker's
-  `runtime.lifecycle.observers` (the framework has no on_done hook for plugins). It is a proxy:
+  first_upstream_byte`), learned in this plugin's `on_done` (the `Plugin` base registers it on the worker's
+  `runtime.lifecycle.observers`). It is a proxy:
   network RTT plus the engine's queueing and prefill. Staleness: an endpoint's EWMA moves only when
   it serves requests, so it is dropped (unknown again) `maxAgeS` after its last observation: an
   endpoint shunned for a bad value is retried at the neutral score instead of being starved; each
@@ -65,14 +65,6 @@ class RttScorer(Plugin):
         self._readers: dict[tuple[str, float], Any] = {}
         self._table_of: Any = None  # the snapshot `_table` was built from
         self._table: dict[str, float] = {}
-        lifecycle = getattr(runtime, "lifecycle", None)
-        self._lifecycle = lifecycle
-        if lifecycle is not None:
-            lifecycle.observers.append(self.on_done)
-
-    def close(self) -> None:
-        if self._lifecycle is not None and self.on_done in self._lifecycle.observers:
-            self._lifecycle.observers.remove(self.on_done)
 
     # --- ttfb: learned from finished requests ------------------------------------------------------
 

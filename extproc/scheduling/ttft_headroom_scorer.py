@@ -9,8 +9,8 @@ queue = the engine's waiting + running requests from the scraped sample (`ctx.ru
 when fresh), else the gateway's requests in flight to it (the two count the same thing from two
 sides; an endpoint should keep one source, or its model mixes them); prompt_kchars = prompt
 characters / 1000 (`request.prompt_text()`; no tokenizer, characters are proportional). They
-are kept per candidate in `state.attrs`, and a lifecycle observer this plugin registers on
-`runtime.lifecycle.observers` (the framework has no on_done hook for plugins) fits the endpoint
+are kept per candidate in `state.attrs`, and this plugin's `on_done` (registered on
+`runtime.lifecycle.observers` by the `Plugin` base) fits the endpoint
 that served with the TTFT Envoy reported (`state.completion.first_upstream_byte`), for OK
 streaming requests only (`streamingOnly`: a non-streamed response's first byte is its last).
 The SLO is the request's `x-slo-ttft-ms` header (kept at request headers, `extproc/types.HINT_HEADERS`)
@@ -123,19 +123,11 @@ class TtftHeadroomScorer(Plugin):
         super().__init__(name, params, runtime)
         self.models: dict[str, TtftModel] = {}
         self.key = f"ttft-headroom:{name}"  # state.attrs key of the features scored
-        lifecycle = getattr(runtime, "lifecycle", None)
-        self._lifecycle = lifecycle
-        if lifecycle is not None:
-            lifecycle.observers.append(self.on_done)
 
     def configure(self, old: Any, new: Any) -> None:
         super().configure(old, new)
         for m in self.models.values():  # the fits so far stay; new weights apply from the next update
             m.forgetting, m.ridge = new.forgetting, new.ridge
-
-    def close(self) -> None:
-        if self._lifecycle is not None and self.on_done in self._lifecycle.observers:
-            self._lifecycle.observers.remove(self.on_done)
 
     # --- features and the SLO ----------------------------------------------------------------------
 
