@@ -200,8 +200,10 @@ class ExtProcService:
         dialect = route.dialect if route is not None else "adapter"
         label = route.name if route is not None else "unknown"
         pipeline = route.pipeline if route is not None else None
-        # a rollout's key and forcing headers, kept at request headers like HINT_HEADERS (dispatch may run at the body)
-        keep = route.rollout.headers if route is not None and route.rollout is not None else ()
+        # request headers later phases read (dispatch may run at the body): the routing hints for plugins
+        # deciding at the body, and a rollout's key and forcing headers
+        keep = HINT_HEADERS + route.rollout.headers if route is not None and route.rollout is not None \
+            else HINT_HEADERS
         last_phase = pipeline.last if pipeline is not None else None
         feedback = (lifecycle.feedback and snap.processor.feedback == "accessLog" and pipeline is not None
                     and not pipeline.reads_response)
@@ -235,10 +237,6 @@ class ExtProcService:
                     if phase is _RESPONSE_HEADERS and msg.headers:
                         state.response_status = int(msg.headers.get(":status", "0") or 0)
                     elif phase is _REQUEST_HEADERS and msg.headers:
-                        for name in HINT_HEADERS:  # routing hints for plugins deciding at the body
-                            value = msg.headers.get(name)
-                            if value is not None:
-                                state.attrs[name] = value
                         for name in keep:
                             value = msg.headers.get(name)
                             if value is not None:
