@@ -311,13 +311,20 @@ class KeyPolicy:
         if isinstance(self.max_key_len, bool) or not isinstance(self.max_key_len, int) or self.max_key_len < 1:
             raise RolloutError("max_key_len", f"must be a positive integer, not {self.max_key_len!r}")
 
+    def untrusted(self) -> list[int]:
+        """Indexes in `sources` of the header sources the route does not trust (they never give a key)."""
+        return [i for i, s in enumerate(self.sources)
+                if isinstance(s, TrustedHeader) and s.header not in self.trusted_headers]
+
     def problems(self) -> list[str]:
         """Config-time check (for file:line errors at load): header sources the route does not trust
         would never give a key. The forcing header is allowed to be untrusted (it is then ignored)."""
-        return [f"sources[{i}]: header {s.header!r} is not in trusted_headers: a client could choose it, "
-                f"so it is never used as a key on this route"
-                for i, s in enumerate(self.sources) if isinstance(s, TrustedHeader)
-                and s.header not in self.trusted_headers]
+        return [f"sources[{i}]: {untrusted_reason(self.sources[i].header)}" for i in self.untrusted()]
+
+
+def untrusted_reason(header: str, trusted: str = "trusted_headers") -> str:
+    """Why an untrusted header source is refused (`trusted`: how the caller names the trusted list)."""
+    return f"header {header!r} is not in {trusted}: a client could choose it, so it is never used as a key on this route"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ Cost: milliseconds; once per load.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -205,9 +204,10 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
     """`spec.rollouts`: each names its routes (declared and accepted), its arms (the first is the
     baseline; every arm's backend a target of each route; weights in percent, canaries adding up to
     at most 100, the baseline the rest) and its key policy (header sources only from trusted headers,
-    as `canary.assign.KeyPolicy.problems()` says; no JWT claims yet: the processor does not receive
+    as `canary.assign.KeyPolicy.untrusted()` finds them; no JWT claims yet: the processor does not receive
     the verified payload). A route has at most one rollout. Refused rollouts are left out, reported."""
-    from canary.assign import BUCKETS, Arm, KeyPolicy, Rollout, RolloutError, TenantKey, TrustedHeader
+    from canary.assign import (BUCKETS, Arm, KeyPolicy, Rollout, RolloutError, TenantKey, TrustedHeader,
+                               untrusted_reason)
 
     out: dict[str, RolloutRef] = {}
     owner: dict[str, str] = {}  # route -> the rollout that splits it
@@ -282,6 +282,7 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
             ok = False
         key = ro.key
         sources: list[Any] = []
+        source_at: list[int] = []  # each compiled source's index in key.sources (claims are left out)
         for k, src in enumerate(key.sources):
             where = base + ("key", "sources", k)
             if src.claim is not None:
@@ -289,22 +290,18 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
                       "passes only spec.tenancy's claim, as a header): have the edge set a header from the claim "
                       "and list it in trustedHeaders, or use {tenant: true}")
                 ok = False
-            elif src.header is not None:
-                sources.append(TrustedHeader(src.header))
             else:
-                sources.append(TenantKey())
+                sources.append(TrustedHeader(src.header) if src.header is not None else TenantKey())
+                source_at.append(k)
         force = TrustedHeader(key.force.header) if key.force is not None else None
         if force is not None and force.header not in key.trusted_headers:
             issue(base + ("key", "force", "header"), f"header {force.header!r} is not in key.trustedHeaders: a client "
                   "could choose it, so it would never be honoured (list it there, or leave force out)")
             ok = False
         policy = KeyPolicy(tuple(sources), frozenset(key.trusted_headers), force=force)
-        for problem in policy.problems():  # "sources[i]: header ... is not in trusted_headers: ..."
-            m = re.match(r"sources\[(\d+)\]: (.*)", problem)
-            index = int(m.group(1)) if m else 0
-            k = [j for j, s in enumerate(key.sources) if s.claim is None][index]  # sources skip claims
-            issue(base + ("key", "sources", k, "header"),
-                  (m.group(2) if m else problem).replace("trusted_headers", "key.trustedHeaders"))
+        for i in policy.untrusted():
+            issue(base + ("key", "sources", source_at[i], "header"),
+                  untrusted_reason(sources[i].header, "key.trustedHeaders"))
             ok = False
         if not ok:
             continue
