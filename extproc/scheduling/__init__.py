@@ -187,6 +187,7 @@ def plugin_types() -> Mapping[str, type]:
     from extproc.scheduling.rtt_scorer import RttScorer
     from extproc.scheduling.saturation_filter import SaturationFilter
     from extproc.scheduling.score_route_scorer import ScoreRouteScorer
+    from extproc.scheduling.share_cap_filter import ShareCapFilter
     from extproc.scheduling.simulator_oracle_scorer import SimulatorOracleScorer  # benchmark only
     from extproc.scheduling.tenant_pool_filter import TenantPoolFilter
     from extproc.scheduling.ttft_headroom_scorer import TtftHeadroomScorer
@@ -197,7 +198,7 @@ def plugin_types() -> Mapping[str, type]:
         PrefixCacheScorer, LoraAffinityScorer, MaxScorePicker, WeightedRandomPicker, RandomPicker, LeastInFlight,
         PinnedEndpoint,
         ModelVersionFilter, TenantPoolFilter, IntentFilter, ScoreRouteScorer, RttScorer, TtftHeadroomScorer,
-        PredictedTtftScorer,
+        PredictedTtftScorer, ShareCapFilter,
         SimulatorOracleScorer)})
 
 
