@@ -47,6 +47,16 @@ _REQUEST_HEADERS = Phase.REQUEST_HEADERS
 _REQUEST_PHASES = frozenset({Phase.REQUEST_HEADERS, Phase.REQUEST_BODY, Phase.REQUEST_TRAILERS})
 
 
+def _status(value: Any) -> int:
+    """The HTTP status in a response's `:status` header or `response.code` attribute; 0 when it is
+    absent or not a status (a value Envoy never sends must not fail the stream)."""
+    try:
+        code = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0
+    return code if 100 <= code <= 999 else 0
+
+
 class ConfigRef:
     """Holds the current snapshot and a few recent ones by digest; `swap` replaces it atomically."""
 
@@ -228,14 +238,14 @@ class ExtProcService:
                         state.first_byte = time.monotonic()
                         attrs = msg.attributes
                         if attrs:
-                            code = attrs.get("response.code")
+                            code = _status(attrs.get("response.code"))
                             if code:
-                                state.response_status = int(code)
+                                state.response_status = code
                             state.served = attrs.get("upstream.address") or None
                     if phase is _RESPONSE_BODY and state.first_body is None and msg.body:
                         state.first_body = time.monotonic()
                     if phase is _RESPONSE_HEADERS and msg.headers:
-                        state.response_status = int(msg.headers.get(":status", "0") or 0)
+                        state.response_status = _status(msg.headers.get(":status"))
                     elif phase is _REQUEST_HEADERS and msg.headers:
                         for name in keep:
                             value = msg.headers.get(name)

@@ -153,6 +153,22 @@ async def test_response_status_and_first_byte_come_from_the_response_headers():
     assert outcome is Outcome.BACKEND_ERROR
 
 
+async def test_a_response_status_that_is_not_a_number_is_unknown_not_a_failed_stream():
+    """Found by tests/fuzz/test_fuzz_stream.py: `int()` of a `:status` header or `response.code`
+    attribute that is not a number raised out of `Process` (the stream failed, no reply)."""
+    for status, code in ((b"\xff", None), (b"abc", None), (b"2\xc2\xb2", None), (b"99999", None),
+                         (b"200", "x"), (b"200", 1e300), (b"200", float("inf"))):
+        svc, _, states = service()
+        seq = recorded(LLM)
+        next(h for h in seq[2].response_headers.headers.headers if h.key == ":status").raw_value = status
+        if code is not None:
+            seq[2].attributes["envoy.filters.http.ext_proc"].update({"response.code": code})
+        replies = await run(svc, [("x-adapter-route", "v1-analyze")], seq[:3])
+        assert [r.WhichOneof("response") for r in replies] == ["request_headers", "request_body", "response_headers"]
+        expect = 200 if status == b"200" else 0
+        assert states[0][0].response_status == expect, (status, code)
+
+
 # --- RequestObserver: every series one request's end writes (issue 9, mutation survivors) -----------
 
 from backends.base import Usage  # noqa: E402
