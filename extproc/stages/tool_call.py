@@ -25,7 +25,7 @@ from extproc.semantic.toolcall import (ToolCallError, anthropic_tool_result, bui
                                        mcp_call_result, openai_tool_message, parse_tool_call, resolve_tool,
                                        tool_result)
 from extproc.stages.body_limit import check_length
-from extproc.types import HttpMessage, Mutate, RequestState, Verdict
+from extproc.types import CONTINUE, HttpMessage, Mutate, RequestState, Verdict
 
 
 class ToolCall:
@@ -72,7 +72,9 @@ class ToolCall:
         return None
 
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
-        call = state.attrs["tool_call"]
+        call = state.attrs.get("tool_call")
+        if call is None:  # no call was made (a response body with no request body before it): as it is
+            return CONTINUE
         result = tool_result(state.response_status or 0, state.attrs.get("response_headers", {}), msg.body)
         if call.protocol == "anthropic":
             out = anthropic_tool_result(result, call.call_id)

@@ -13,7 +13,7 @@ import pytest
 
 from extproc.config.loader import load_file
 from extproc.stages.tool_call import ToolCall
-from extproc.types import HttpMessage, Mutate, Phase, Reject, RequestState
+from extproc.types import Continue, HttpMessage, Mutate, Phase, Reject, RequestState
 from tests.conftest import DATA
 
 
@@ -220,3 +220,12 @@ def test_a_plain_mcp_call_gets_the_bare_result_and_no_status_is_zero(route):
     headers, out, _ = reply(stage, state, b"")
     assert headers["x-adapter-tool-status"] == "0"
     assert out == {"content": [{"type": "text", "text": '{"status":0,"ok":false,"body":null}'}], "isError": True}
+
+
+def test_a_response_body_with_no_call_made_passes_as_it_is(route):
+    """Found by tests/fuzz/test_fuzz_stream.py: a response body on a stream that made no call (no
+    request body came) raised KeyError 'tool_call' in the stage (500 stage_error)."""
+    snap, r = route
+    state = RequestState(snapshot=snap, route=r, started=0.0)
+    verdict = ToolCall().on_response_body(state, HttpMessage(Phase.RESPONSE_BODY, body=b'{"a": 1}', end_of_stream=True))
+    assert verdict == Continue()
