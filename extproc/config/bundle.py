@@ -59,11 +59,15 @@ class Bundle:
 
 def publish(root: str | Path, config_path: str | Path, generation: int,
             endpoints: Mapping[str, tuple[tuple[str, int], ...]] | None = None, keep: int = KEEP,
-            unchanged: str | None = None) -> Bundle | None:
+            unchanged: str | None = None, rollouts: Mapping[str, Mapping[str, Any]] | None = None) -> Bundle | None:
     """Validate `config_path` and publish it as generation `generation`; `current` then names it.
     Raises `ConfigError` (file:line issues) and changes nothing when the config is refused.
     With `unchanged=DIGEST`, content with that digest (what is published already) is not
-    published again: the answer is None."""
+    published again: the answer is None. `rollouts`: weight overrides for rollouts (a step plan's
+    current weights, `canary/control.py`), kept in the manifest and covered by the digest
+    (`extproc.config.compile.with_rollout_overrides`)."""
+    from extproc.config.compile import override_digest
+
     root = Path(root)
     source = str(config_path)
     text = read_config(config_path)
@@ -87,12 +91,15 @@ def publish(root: str | Path, config_path: str | Path, generation: int,
             (staging / rel).write_bytes(data[name])  # type: ignore[arg-type]
             files[name] = rel
         overrides = _endpoints_json(endpoints)
-        digest = config_digest(text, data, endpoints)
+        rollouts = {n: dict(o) for n, o in (rollouts or {}).items()}
+        digest = override_digest(config_digest(text, data, endpoints), rollouts)
         if digest == unchanged:
             shutil.rmtree(staging, ignore_errors=True)
             return None
         manifest = {"generation": generation, "digest": digest, "source": source,
                     "created": round(time.time(), 3), "endpoints": overrides, "files": files}
+        if rollouts:
+            manifest["rollouts"] = rollouts
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
         if any(b is None for b in data.values()):
             # a referenced file is missing: let the compiler say which route names it, and where
@@ -140,6 +147,10 @@ def load_bundle(path: str | Path) -> "Snapshot":
     endpoints = {n: tuple((h, int(p)) for h, p in eps) for n, eps in manifest["endpoints"].items()}
     snap = load_text(text, source, manifest["generation"], resolve=_resolver(path, files, None),
                      endpoints=endpoints or None)
+    if manifest.get("rollouts"):
+        from extproc.config.compile import with_rollout_overrides
+
+        snap = with_rollout_overrides(snap, manifest["rollouts"])
     if snap.digest != manifest["digest"]:
         raise BundleError(f"bundle {path}: contents have digest {snap.digest}, the manifest says {manifest['digest']}")
     return snap
