@@ -139,6 +139,7 @@ class RolloutRef:
     arm_backends: Mapping[str, str] = field(hash=False)  # arm -> backend name (a target of each of its routes)
     headers: tuple[str, ...] = ()
     routes: tuple[str, ...] = ()  # the routes it splits
+    control: Any = None  # canary.control.ControlConfig: its `plan:` block (None: manual weights)
 
     @property
     def arms(self) -> tuple[str, ...]:
