@@ -17,6 +17,7 @@ the service's `RequestObserver`, buffered) and the worker's start time. Stages r
 | per-request state | `RequestState` | one request | no |
 | open requests, deadlines | `Runtime.lifecycle` | until `on_done` | no (Envoy's access log comes back to the owning worker) |
 | in-flight per endpoint | `Runtime.inflight` (mmap file per worker) | worker lifetime | yes: readers sum every worker's slots |
+| canary feed (finished requests of rollouts) | `Runtime.canary_feed` (`canary/feed.py`, a ring file per worker) | worker lifetime | yes: the supervisor's controller tails every worker's file |
 | plugin instances (filters, scorers, pickers) | `Runtime._plugins` | worker lifetime, reconfigured on reload | no |
 | scheduling profiles | `Runtime._profiles` | worker lifetime, rebound on reload | no |
 | caches (model metadata, tenant snapshot reader) | `Runtime.cache(name)` | worker lifetime | no |
@@ -41,6 +42,7 @@ import logging
 import time
 from typing import Any, Callable, Iterable
 
+from canary.feed import FeedObserver, FeedWriter
 from extproc.config.snapshot import ProfileRef
 from extproc.datalayer.inflight import InflightTable
 from extproc.lifecycle import Lifecycle
@@ -56,7 +58,10 @@ class Runtime:
         self.worker = worker
         self.started = time.time()
         self.inflight = InflightTable(state_dir, worker)
-        self.lifecycle = Lifecycle(worker, feedback=feedback, observers=[release, *observers])  # tokens carry the pid
+        # canary/feed.py: each finished request of a rollout becomes a record the supervisor's controller reads
+        self.canary_feed = FeedWriter(state_dir, worker)
+        self.lifecycle = Lifecycle(worker, feedback=feedback,
+                                   observers=[release, *observers, FeedObserver(self.canary_feed)])  # tokens carry the pid
         self._plugins: dict[tuple[str, str], Any] = {}
         self._params: dict[tuple[str, str], Any] = {}
         self._profiles: dict[str, Any] = {}  # name -> extproc.scheduling.profile.SchedulingProfile
