@@ -505,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
     from extproc.semantic.cli import register
 
     register(sub)  # tools, align
+    from canary.cli import register as register_canary
+
+    register_canary(sub)  # canary status|promote|rollback|pause|resume
 
     for name, fn, text in (
         ("quota", cmd_quota, "per-tenant CPU use against the quota, throttling, admissions (--watch for live)"),

@@ -10,7 +10,16 @@ gets SIGHUP and loads it, and the supervisor waits (bounded) until each acknowle
 (workers first, Envoy second). A worker that dies is restarted on the last accepted bundle, never
 on the raw file. The admin port serves `/metrics` (Prometheus, merged over the workers through
 prometheus_client's multiprocess directory, plus the per-worker config generation),
-`/healthz` (200 when every worker is alive), `GET /config` and `POST /reload`.
+`/healthz` (200 when every worker is alive), `GET /config` and `POST /reload`, and the canary
+controller's `GET /canary[/NAME]` and `POST /canary/NAME/ACTION` (promote, rollback, pause, resume).
+Canary control (`canary/control.py`): the supervisor owns one `Controller`; before every publish
+(generation 1 and each reload) the config file is compiled once more to reconcile the controller
+with its rollouts, and the bundle is published with the step plans' current weights overriding the
+file's (`publish(..., rollouts=...)`); a thread ticks the controller (reads every worker's feed
+file, judges, advances the plans) and, when a plan's weights changed, republishes through
+`reload()`: the same make-before-break path, workers first, Envoy second. Plan state lives in
+`spec.processor.stateDir` (default `.adapter-state` beside the config file; the `state_dir`
+argument overrides it), read once at start.
 `stop()` sends SIGTERM to all, waits the grace period plus a margin, then kills.
 Why: a Python process is one core; separate processes (not fork after gRPC init, which grpcio
 forbids) listed as separate Envoy endpoints spread the load. One writer of config generations
@@ -112,10 +121,11 @@ class Supervisor:
     def __init__(self, config_path: str, address: str, base_port: int, workers: int, admin_port: int,
                  shutdown_grace: float = 5.0, admin_address: str = "127.0.0.1", log_level: str = "info",
                  endpoints: dict[str, tuple[tuple[str, int], ...]] | None = None, record_dir: str | None = None,
-                 xds: Any = None, bundle_root: str | None = None):
+                 xds: Any = None, bundle_root: str | None = None, state_dir: str | None = None):
         """`xds`: an object with `write(snapshot, workers)` (extproc.xds.XdsWriter), called after
         the workers have a new generation. `bundle_root`: where bundles are published (default: a
-        temporary directory removed by stop())."""
+        temporary directory removed by stop()). `state_dir`: canary plan state (default: the config's
+        `spec.processor.stateDir`, else `.adapter-state` beside the config file)."""
         self.config_path = config_path
         self.address = address
         self.admin = (admin_address, admin_port)
@@ -137,13 +147,21 @@ class Supervisor:
         self._accepted_at: float | None = None
         self._metrics_dir = tempfile.mkdtemp(prefix="adapter-metrics-")
         self._http: ThreadingHTTPServer | None = None
+        self._state_dir = state_dir
+        self.controller: Any = None  # canary.control.Controller, made by start()
+        self._pending: Any = None  # the controller's reconciliation for the bundle being published
+
+    @property
+    def feed_dir(self) -> str:
+        """Where the workers write gateway-wide state (in-flight table, canary feed): ADAPTER_STATE_DIR."""
+        return os.path.join(self._metrics_dir, "state")
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 30.0) -> None:
         """Publish generation 1 (a `ConfigError` propagates), start the workers on it, wait for
         each `ready`, hand the snapshot to xDS, serve the admin port."""
         try:
-            bundle = publish(self.bundle_root, self.config_path, 1, self.endpoints)
+            bundle = publish(self.bundle_root, self.config_path, 1, self.endpoints, rollouts=self._prepare_rollouts())
             assert bundle is not None
             with self._cond:
                 self._bundle = bundle
@@ -155,6 +173,7 @@ class Supervisor:
             deadline = time.monotonic() + timeout
             for w in self.workers:
                 self._wait_ready(w, deadline)
+            self._commit_rollouts(bundle.snapshot)
             if self.xds is not None:
                 self.xds.write(bundle.snapshot, len(self.workers))
             self._serve_admin()
@@ -163,6 +182,50 @@ class Supervisor:
             raise
         for w in self.workers:
             threading.Thread(target=self._monitor, args=(w,), daemon=True, name=f"worker-{w.index}").start()
+        threading.Thread(target=self._canary_loop, daemon=True, name="canary-control").start()
+
+    # -- canary control --------------------------------------------------------------------
+    def _prepare_rollouts(self) -> dict[str, Any] | None:
+        """Reconcile the controller with the config file's rollouts; the weight overrides to publish."""
+        from canary.control import Controller, Pending, default_state_dir
+        from extproc.config.loader import load_file, parse_text, read_config
+
+        model, _ = parse_text(read_config(self.config_path), self.config_path)
+        if self.controller is None:
+            self.controller = Controller(default_state_dir(self.config_path, self._state_dir
+                                                           or model.spec.processor.state_dir), self.feed_dir)
+        if not any(r.plan is not None for r in model.spec.rollouts):
+            self._pending = Pending({}, tuple(r.name for r in model.spec.rollouts), [])
+            return None
+        preview = load_file(self.config_path, 1, dict(self.endpoints) or None)
+        self._pending = self.controller.prepare(preview)
+        return self._pending.overrides() or None
+
+    def _commit_rollouts(self, snapshot: "Snapshot") -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None and self.controller is not None:
+            self.controller.commit(pending)
+            self.controller.set_manual(snapshot)
+
+    def _canary_loop(self) -> None:
+        """Tick the controller; republish when a plan's weights changed (or a publish is owed)."""
+        ctl = self.controller
+        while ctl is not None and not self._stopping.wait(max(0.05, min(ctl.interval / 4, 0.25))):
+            if not ctl.controlled:
+                continue
+            try:
+                if ctl.tick() or ctl.needs_apply():
+                    self.reload(reason="canary")
+            except Exception:  # noqa: BLE001 - the loop must outlive one bad tick
+                log.exception("canary controller tick failed")
+
+    def canary_action(self, name: str, action: str, reason: str = "") -> dict[str, Any]:
+        """An operator's action on a rollout's plan, applied at once (a republish)."""
+        assert self.controller is not None, "start() first"
+        event = self.controller.action(name, action, reason)
+        result = self.reload(reason="canary")
+        return {"event": event, "applied": result.accepted and not self.controller.needs_apply(),
+                "reload": result.to_json(), "status": self.controller.status(name)[name]}
 
     @property
     def snapshot(self) -> "Snapshot":
@@ -268,21 +331,25 @@ class Supervisor:
         return False
 
     # -- reload ----------------------------------------------------------------------------
-    def reload(self, timeout: float = ACK_TIMEOUT) -> ReloadResult:
+    def reload(self, timeout: float = ACK_TIMEOUT, reason: str = "file") -> ReloadResult:
         """Validate the config file again and, when it is accepted, move every worker to it.
 
         Refused: logged once with its file:line issues, nothing changes. Accepted: published as
         the next generation (or, when its content is the accepted one, kept as it is), every live
         worker is told (SIGHUP) and acknowledges on stdout; this waits up to `timeout` seconds for
         them, then calls `xds.write` (workers first: they keep older snapshots, so Envoy's old
-        routes still find theirs). `errors` names workers that lagged."""
+        routes still find theirs). `errors` names workers that lagged. `reason` "canary": the
+        controller applies a plan's new weights (the file is compiled again all the same)."""
         with self._reload_lock:
             current = self.snapshot
             try:
                 bundle = publish(self.bundle_root, self.config_path, current.generation + 1, self.endpoints,
-                                 unchanged=current.digest)
+                                 unchanged=current.digest, rollouts=self._prepare_rollouts())
             except (ConfigError, OSError) as e:
+                self._pending = None
                 text = str(e) if isinstance(e, ConfigError) else f"{self.config_path}: cannot publish bundle: {e}"
+                if reason == "canary" and self.controller is not None:
+                    self.controller.failed_apply(text)
                 with self._cond:
                     self._reloads["refused"] += 1
                     self._last_refusal = {"at": time.time(), "generation_kept": current.generation,
@@ -298,6 +365,7 @@ class Supervisor:
                 self._reloads["accepted"] += 1
             snap = self.snapshot
             errors = self._tell_workers(snap, timeout)
+            self._commit_rollouts(snap)  # the plans' weights are live from now on
             refused = [e for e in errors if " refused generation " in e]
             if refused and self.xds is not None:
                 # a worker that could not load it would answer Envoy's new routes with config_mismatch:
@@ -391,6 +459,8 @@ class Supervisor:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+        if self.controller is not None:
+            self.controller.close()
         shutil.rmtree(self._metrics_dir, ignore_errors=True)
         if self._own_root:
             shutil.rmtree(self.bundle_root, ignore_errors=True)
@@ -421,15 +491,52 @@ class Supervisor:
                     self._send(200 if ok else 503, b"ok\n" if ok else b"worker down\n", "text/plain")
                 elif path == "/config":
                     self._json(200, sup.config_state())
+                elif path == "/canary" or path.startswith("/canary/"):
+                    self._canary_status(path[len("/canary/"):] or None if path != "/canary" else None)
                 else:
-                    self._send(404, b"not found: try /metrics, /healthz, /config or POST /reload\n", "text/plain")
+                    self._send(404, b"not found: try /metrics, /healthz, /config, /canary or POST /reload\n",
+                               "text/plain")
+
+            def _canary_status(self, name: str | None) -> None:
+                from canary.control import UnknownRollout
+
+                try:
+                    self._json(200, {"rollouts": sup.controller.status(name)})
+                except UnknownRollout as e:
+                    self._json(404, {"error": "unknown_rollout", "message": str(e)})
+
+            def _canary_action(self, path: str, body: bytes) -> None:
+                from canary.control import ACTIONS, NoPlan, UnknownRollout
+                from canary.plan import PlanError
+
+                parts = path.strip("/").split("/")
+                if len(parts) != 3 or parts[2] not in ACTIONS:
+                    self._json(404, {"error": "not_found", "message": f"POST /canary/NAME/ACTION with ACTION one "
+                                     f"of {', '.join(ACTIONS)}"})
+                    return
+                try:
+                    reason = str((json.loads(body) if body.strip() else {}).get("reason") or "")
+                except (ValueError, AttributeError):
+                    self._json(400, {"error": "bad_request", "message": "the body must be JSON: {\"reason\": \"...\"}"})
+                    return
+                try:
+                    self._json(200, sup.canary_action(parts[1], parts[2], reason))
+                except UnknownRollout as e:
+                    self._json(404, {"error": "unknown_rollout", "message": str(e)})
+                except NoPlan as e:
+                    self._json(409, {"error": "no_plan", "message": str(e)})
+                except PlanError as e:
+                    self._json(409, {"error": "not_allowed", "message": str(e)})
 
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                if self.path.split("?")[0] != "/reload":
-                    self._send(404, b"not found: POST /reload\n", "text/plain")
+                body = self.rfile.read(length) if length else b""
+                path = self.path.split("?")[0]
+                if path.startswith("/canary/"):
+                    self._canary_action(path, body)
+                    return
+                if path != "/reload":
+                    self._send(404, b"not found: POST /reload or POST /canary/NAME/ACTION\n", "text/plain")
                     return
                 result = sup.reload()
                 doc = result.to_json()

@@ -16,7 +16,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from backends import adapter_kinds
 from extproc.config.loader import ConfigError, Issue
@@ -312,9 +312,107 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
             continue
         headers = tuple(dict.fromkeys([s.header for s in sources if isinstance(s, TrustedHeader)]
                                       + ([force.header] if force is not None else [])))
+        control = None
+        if ro.plan is not None:
+            control = _compile_plan(ro.plan, rollout, base + ("plan",), issue)
+            if control is None:
+                continue
         out[ro.name] = RolloutRef(ro.name, rollout, policy, MappingProxyType(backends), headers,
-                                  tuple(t.name for t in targets))
+                                  tuple(t.name for t in targets), control)
     return out
+
+
+def _compile_plan(spec: Any, rollout: Any, base: tuple, issue: Any) -> Any:
+    """A rollout's `plan:` block: a `canary.control.ControlConfig` (the step plan, the judge's
+    thresholds, the windows, the interval), checked as the controller will use it (the ramped arm
+    is a canary, every step and a rollback from it monotone). None, reported, when refused."""
+    from canary.control import ControlConfig
+    from canary.judge import ErrorRule, JudgeConfig, JudgeError, LatencyRule, WindowConfig
+    from canary.plan import Plan, PlanConfig, PlanError
+
+    fields = {"min_samples": "minSamples", "dwell_s": "dwell", "rollback_while_paused": "rollbackWhilePaused",
+              "margin_ms": "marginMs", "margin_ratio": "marginRatio", "max_rate": "maxRatePercent",
+              "margin": "marginPercent", "error_alpha": "errorAlpha", "size": "size", "error_size": "errorSize",
+              "max_age_s": "maxAge"}
+
+    def where(prefix: tuple, field: str) -> tuple:
+        name, _, index = field.partition("[")
+        path = prefix + (fields.get(name, name),)
+        return path + (int(index.rstrip("]")),) if index.rstrip("]").isdigit() else path
+
+    try:
+        plan = PlanConfig(steps=tuple(spec.steps), min_samples=spec.min_samples, dwell_s=spec.dwell,
+                          arm=spec.arm, rollback_while_paused=spec.rollback_while_paused)
+    except PlanError as e:
+        issue(where(base, e.field), e.reason)
+        return None
+    j = spec.judge
+    judge_path = base + ("judge",)
+    try:
+        latency = LatencyRule(j.latency.margin_ms, tuple(j.latency.quantiles), j.latency.margin_ratio)
+        ttft = LatencyRule(j.ttft.margin_ms, tuple(j.ttft.quantiles), j.ttft.margin_ratio)
+        errors = ErrorRule(j.errors.max_rate_percent / 100, j.errors.margin_percent / 100)
+        min_samples = j.min_samples if j.min_samples is not None else max(2, min(200, spec.min_samples))
+        judge = JudgeConfig(alpha=j.alpha, error_alpha=j.error_alpha, min_samples=min_samples, latency=latency,
+                            ttft=ttft, errors=errors, metrics=tuple(dict.fromkeys(j.metrics)))
+    except JudgeError as e:
+        issue(where(judge_path, e.field), e.reason)
+        return None
+    try:
+        window = WindowConfig(spec.window.size, spec.window.error_size, spec.window.max_age)
+    except JudgeError as e:
+        issue(where(base + ("window",), e.field), e.reason)
+        return None
+    if window.size < judge.min_samples or window.error_size < judge.min_samples:
+        issue(base + ("window",), f"windows of {window.size} latencies and {window.error_size} error flags per arm "
+              f"can never hold the judge's {judge.min_samples} samples: every verdict would be inconclusive")
+        return None
+    try:
+        Plan.start(rollout, plan)  # the arm is a canary; every step, and a rollback from it, is monotone
+    except PlanError as e:
+        issue(where(base, e.field), e.reason)
+        return None
+    return ControlConfig(plan=plan, judge=judge, window=window, interval=spec.interval)
+
+
+def with_rollout_overrides(snap: Snapshot, overrides: Mapping[str, Mapping[str, Any]] | None) -> Snapshot:
+    """A copy of `snap` serving other weights for some rollouts (what `canary/control.py` applies:
+    a step plan's current weights over the file's). `overrides`: rollout -> {"weights": {canary arm:
+    basis points}, "allow_force": bool}; the digest covers them (`override_digest`). A rollout or arm
+    the snapshot does not have is a `ConfigError` (the file changed under the controller)."""
+    if not overrides:
+        return snap
+    from canary.assign import RolloutError
+
+    rollouts = dict(snap.rollouts)
+    for name, o in sorted(overrides.items()):
+        ref = rollouts.get(name)
+        if ref is None:
+            raise ConfigError(f"{snap.source}: rollout weights for {name!r}, which the config does not declare")
+        r = ref.rollout
+        try:
+            for arm, bp in sorted(dict(o.get("weights") or {}).items()):
+                r = r.with_weight(arm, int(bp))
+            r = replace(r, allow_force=bool(o.get("allow_force", r.allow_force)))
+        except (RolloutError, TypeError, ValueError) as e:
+            raise ConfigError(f"{snap.source}: rollout weights for {name!r} do not fit it: {e}") from None
+        rollouts[name] = replace(ref, rollout=r)
+    routes = {n: (replace(rt, rollout=rollouts[rt.rollout.name]) if rt.rollout is not None else rt)
+              for n, rt in snap.routes.items()}
+    return replace(snap, rollouts=rollouts, routes=routes, digest=override_digest(snap.digest, overrides))
+
+
+def override_digest(digest: str, overrides: Mapping[str, Mapping[str, Any]] | None) -> str:
+    """The digest of a config with rollout weight overrides (the file's digest when there are none)."""
+    if not overrides:
+        return digest
+    import hashlib
+    import json
+
+    blob = json.dumps({n: {"weights": {a: int(bp) for a, bp in sorted(dict(o.get("weights") or {}).items())},
+                           "allow_force": bool(o.get("allow_force", True))} for n, o in sorted(overrides.items())},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(f"{digest}\0rollouts\0{blob}".encode()).hexdigest()[:16]
 
 
 def _compile_epp(e: Any, backends: dict[str, Backend], plugins: dict[str, PluginRef],

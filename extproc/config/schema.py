@@ -125,6 +125,9 @@ class ProcessorSpec(_Model):
     # per worker, as `adapterctl render-envoy` and `up` configure it) or `stream` (only what the
     # ext_proc stream sees; for an Envoy configured by hand without those loggers).
     feedback: Literal["accessLog", "stream"] = "accessLog"
+    # where canary rollout state (plans with `plan:`) is kept across restarts; relative paths are
+    # relative to the config file's directory; default `.adapter-state` beside the config file
+    state_dir: Annotated[str, Field(min_length=1)] | None = None
 
 
 ENGINES = ("vllm", "sglang", "triton", "onnxruntime", "openai", "llamacpp")
@@ -331,6 +334,56 @@ class RolloutKeySpec(_Model):
     force: RolloutForce | None = None  # absent: no forcing
 
 
+class RolloutLatencyRuleSpec(_Model):
+    """A latency-like metric's rule (`canary.judge.LatencyRule`): it fails when a quantile of the
+    canary exceeds the baseline's by more than max(marginMs, marginRatio x the baseline's) and the
+    one-sided Mann-Whitney U test agrees."""
+    margin_ms: Annotated[float, Field(ge=0)] = 2.0
+    quantiles: tuple[Annotated[float, Field(ge=0, le=1)], ...] = (0.5, 0.99)
+    margin_ratio: Annotated[float, Field(ge=0)] = 0.0
+
+
+class RolloutErrorRuleSpec(_Model):
+    """The error rule (`canary.judge.ErrorRule`), in percent: the canary fails when its error rate is
+    at least `maxRatePercent`, more than `marginPercent` points above the baseline's, and Fisher's
+    exact test agrees."""
+    max_rate_percent: Annotated[float, Field(ge=0, le=100)] = 0.02
+    margin_percent: Annotated[float, Field(ge=0, le=100)] = 0.008
+
+
+class RolloutJudgeSpec(_Model):
+    """The judge's thresholds (`canary.judge.JudgeConfig`); every field defaults to the brief's."""
+    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.0001  # the U tests, per metric and judgement
+    error_alpha: Annotated[float, Field(gt=0, lt=1)] = 0.001  # the Fisher test
+    min_samples: Annotated[int, Field(ge=2)] | None = None  # per arm; default min(200, plan minSamples), >= 2
+    latency: RolloutLatencyRuleSpec = RolloutLatencyRuleSpec()
+    ttft: RolloutLatencyRuleSpec = RolloutLatencyRuleSpec()
+    errors: RolloutErrorRuleSpec = RolloutErrorRuleSpec()
+    metrics: tuple[Literal["latency_ms", "ttft_ms", "error"], ...] = ("latency_ms", "ttft_ms", "error")
+
+
+class RolloutWindowSpec(_Model):
+    """The per-arm windows (`canary.judge.WindowConfig`): the last `size` latencies and TTFTs and
+    the last `errorSize` error flags per arm, optionally no older than `maxAge`."""
+    size: Annotated[int, Field(ge=1, le=1_000_000)] = 2000
+    error_size: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    max_age: Duration | None = None
+
+
+class RolloutPlanSpec(_Model):
+    """Automatic control of a rollout (`canary/control.py`): a step plan (`canary.plan.PlanConfig`)
+    judged every `interval` on per-arm windows fed from every worker's finished requests.
+    Without a `plan:` block a rollout stays at its configured weights (manual)."""
+    steps: tuple[Percent, ...] = (1, 5, 25, 50, 100)  # percent of traffic on the ramped canary
+    min_samples: Annotated[int, Field(ge=0)] = 500  # per arm, for an automatic promotion
+    dwell: Duration = 300.0  # at least this long at a step before an automatic promotion
+    interval: Duration = 1.0  # how often the controller judges
+    arm: Annotated[str, Field(pattern=DNS_LABEL)] | None = None  # the ramped canary; default the first
+    rollback_while_paused: bool = True
+    window: RolloutWindowSpec = RolloutWindowSpec()
+    judge: RolloutJudgeSpec = RolloutJudgeSpec()
+
+
 class RolloutSpec(_Model):
     """A canary rollout on one or more routes: the first arm is the baseline, the others canaries
     (backends among the route's targets), weights in percent; assignment is sticky per key."""
@@ -340,6 +393,7 @@ class RolloutSpec(_Model):
     arms: tuple[RolloutArmSpec, ...]  # the baseline first, then at least one canary
     key: RolloutKeySpec = RolloutKeySpec()
     salt: Annotated[str, Field(min_length=1)] | None = None  # default: the rollout's name
+    plan: RolloutPlanSpec | None = None  # automatic step plan; absent: manual (the weights above)
 
     @model_validator(mode="after")
     def _two_arms(self) -> "RolloutSpec":  # after the arms validated: one error, not one per bad arm as well
