@@ -41,7 +41,8 @@ $(MLSERVER):
 ebpf-setup:
 	@bash scripts/setup-ebpf.sh
 
-$(STAMP): pyproject.toml
+# setup.py and the C source: pip install -e rebuilds the optional accelerator when they change
+$(STAMP): pyproject.toml setup.py extproc/scheduling/_prefix.c
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required, found " + sys.version'
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,ort,sim]'

@@ -21,8 +21,9 @@ Parameters: `maxShareRatio` (default 1.5, > 1), `window` (picks remembered per b
 256), `minPicks` (default 32), `capacityLabel` (default `speed`).
 Per worker: each worker bounds its own picks; with requests spread evenly over workers (Envoy's
 least request over them) the gateway-wide shares are bounded the same way.
-Data consumed: the endpoints' labels, this filter's own pick history. Cost: a dict lookup and a
-label read (cached per labels object) per candidate; a deque append and two dict updates per pick.
+Data consumed: the endpoints' labels, this filter's own pick history. Cost: a dict lookup per
+candidate (capacities cached per labels object and candidate set); a deque append and two dict
+updates per pick; about 2 us for 8 candidates.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ class ShareCapFilter(Plugin):
     def __init__(self, name: str, params: ShareCapFilterParameters, runtime: Any):
         super().__init__(name, params, runtime)
         self.history: dict[str, _History] = {}  # backend name -> its recent picks
-        self._caps: tuple[Any, dict[str, float]] | None = None  # (labels object, {endpoint: capacity})
+        # (labels object, {candidate tuple: (capacities, their sum)})
+        self._caps: tuple[Any, dict[tuple[str, ...], tuple[list[float], float]]] | None = None
 
     def configure(self, old: ShareCapFilterParameters, new: ShareCapFilterParameters) -> None:
         self.params = new
@@ -84,29 +86,32 @@ class ShareCapFilter(Plugin):
         for h in self.history.values():  # a smaller window forgets the oldest picks; the rest stays
             h.trim(new.window)
 
-    def capacity(self, labels: Any, endpoint: str) -> float:
+    def capacities(self, labels: Any, candidates: tuple[str, ...]) -> tuple[list[float], float]:
+        """Each candidate's capacity and their sum, read once per (labels object, candidate tuple)."""
         cached = self._caps
         if cached is None or cached[0] is not labels:
             cached = self._caps = (labels, {})
-        cap = cached[1].get(endpoint)
-        if cap is None:
-            cap = cached[1][endpoint] = positive_label(labels, endpoint, self.params.capacity_label) or 1.0
-        return cap
+        found = cached[1].get(candidates)
+        if found is None:
+            label = self.params.capacity_label
+            caps = [positive_label(labels, e, label) or 1.0 for e in candidates]
+            found = cached[1][candidates] = (caps, sum(caps))
+            if len(cached[1]) > 1024:  # candidate sets vary (filters before this one): keep it bounded
+                del cached[1][next(iter(cached[1]))]
+        return found
 
     def filter(self, ctx: Any, candidates: tuple[str, ...]) -> tuple[str, ...]:
         h = self.history.get(ctx.backend.name)
         if h is None or len(candidates) < 2:
             return candidates
         p = self.params
-        counts = h.counts
-        n = [counts.get(e, 0) for e in candidates]
+        get = h.counts.get
+        n = [get(e, 0) for e in candidates]
         total = sum(n)
         if total < p.min_picks or total == 0:
             return candidates
-        labels = ctx.labels
-        caps = [self.capacity(labels, e) for e in candidates]
-        cap_total = sum(caps)
-        # share(e) <= r * fair(e)  <=>  n(e) * cap_total <= r * cap(e) * total  (no division)
+        caps, cap_total = self.capacities(ctx.labels, candidates)
+        # share(e) <= r * fair(e)  <=>  n(e) <= (r * total / cap_total) * cap(e)  (no division per candidate)
         limit = p.max_share_ratio * total / cap_total
         kept = tuple(e for e, k, c in zip(candidates, n, caps) if k <= limit * c)
         if kept:
