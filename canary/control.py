@@ -199,6 +199,7 @@ class Controller:
 
     def _save(self, rc: RolloutControl) -> None:
         try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
             rc.plan.save(self.plan_path(rc.name))
             _write_json(self.control_path(rc.name), {"format": FORMAT, "rollout": rc.name,
                                                      "fingerprint": rc.fingerprint, "events": list(rc.events)})
