@@ -38,7 +38,8 @@ Grammar (informal)::
   default, rendering raises `MissingPathError`. After a ``[*]`` the rest of
   the path is applied to each element, elements where it is missing are
   skipped, and the result is a list.
-* Limits: 64 KiB of template text (UTF-8), 64 levels of object/array nesting.
+* Limits: 64 KiB of template text (UTF-8), 64 levels of object/array nesting,
+  integer literals from -2^63 to 2^64-1 (what the JSON output can hold).
 
 Cost: `compile_template` is O(template size) and runs once. `Template.render`
 does no parsing; it is O(size of the output): literal parts are prebuilt
@@ -79,6 +80,7 @@ __all__ = [
 
 MAX_TEMPLATE_BYTES = 64 * 1024
 MAX_DEPTH = 64
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # integer literals: what orjson can write
 
 
 # --------------------------------------------------------------------------
@@ -684,9 +686,12 @@ class _Parser:
                 raise self.error(f"number {tok} is out of range", pos)
             return v
         try:
-            return int(tok)
+            v = int(tok)
         except ValueError:  # over sys.get_int_max_str_digits()
             raise self.error(f"number with {len(tok)} digits is too long", pos) from None
+        if not _INT_MIN <= v <= _INT_MAX:  # JSON output (orjson) has 64-bit integers
+            raise self.error(f"integer {tok} is out of range (-2^63 to 2^64-1)", pos)
+        return v
 
 
 def _is_literal(node: tuple) -> bool:

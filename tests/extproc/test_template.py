@@ -116,7 +116,8 @@ def test_literal_template():
         ("1.0", 1.0),
         ("1e2", 100.0),
         ("-2.5E-3", -0.0025),
-        ("123456789012345678901234567890", 123456789012345678901234567890),
+        ("18446744073709551615", 2**64 - 1),
+        ("-9223372036854775808", -(2**63)),
     ],
 )
 def test_numbers_keep_int_and_float(text, value):
@@ -451,6 +452,11 @@ def test_template_text_must_be_str():
         ("NaN", 1, 1, "unknown word 'NaN'"),
         ("-Infinity", 1, 1, "invalid number '-Infinity'"),
         ("1e400", 1, 1, "number 1e400 is out of range"),
+        # found by tests/fuzz/test_fuzz_templates.py: these compiled, then render_json raised
+        # orjson.JSONEncodeError on every request (the JSON output has 64-bit integers)
+        ("18446744073709551616", 1, 1, "integer 18446744073709551616 is out of range (-2^63 to 2^64-1)"),
+        ('{"a": [1, -9223372036854775809]}', 1, 11, "integer -9223372036854775809 is out of range"),
+        ("123456789012345678901234567890", 1, 1, "is out of range"),
         ("True", 1, 1, "unknown word 'True'"),
         ("nul", 1, 1, "unknown word 'nul'"),
         ("$a", 1, 2, "invalid path step after '$': expected '.' or '[' before 'a'"),
@@ -560,7 +566,7 @@ def test_size_limit():
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers()
+    | st.integers(-(2**63), 2**64 - 1)  # the integer literals a template takes
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
     lambda children: st.lists(children, max_size=5)
