@@ -58,10 +58,11 @@ class Runtime:
         self.worker = worker
         self.started = time.time()
         self.inflight = InflightTable(state_dir, worker)
-        # canary/feed.py: each finished request of a rollout becomes a record the supervisor's controller reads
+        # canary/feed.py: under a supervisor (a state dir), each finished request of a rollout becomes a
+        # record its canary controller reads; without one nobody would read it: no observer
         self.canary_feed = FeedWriter(state_dir, worker)
-        self.lifecycle = Lifecycle(worker, feedback=feedback,
-                                   observers=[release, *observers, FeedObserver(self.canary_feed)])  # tokens carry the pid
+        feed = [FeedObserver(self.canary_feed)] if state_dir else []
+        self.lifecycle = Lifecycle(worker, feedback=feedback, observers=[release, *observers, *feed])  # tokens carry the pid
         self._plugins: dict[tuple[str, str], Any] = {}
         self._params: dict[tuple[str, str], Any] = {}
         self._profiles: dict[str, Any] = {}  # name -> extproc.scheduling.profile.SchedulingProfile
