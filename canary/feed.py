@@ -33,9 +33,12 @@ requests per second per worker); a reader that falls more than `capacity` behind
 overwritten records and counts them in `dropped`. A restarted worker replaces its file (a new inode,
 count 0): the reader first drains what the old file still had, then starts the new one at 0.
 Without a directory (a worker run by hand, unit tests without a supervisor) nothing is written.
-Cost: on a request without a rollout, one attribute read. With one: about 2-3 us (perf/RESULTS.md,
-`perf/bench_canary_feed.py`): a cached key, a few arithmetic operations, three `pack_into`. The file
-is created at the first record, so configs without rollouts never create one.
+Cost (`perf/bench_canary_feed.py`, 200,000 calls, this 2-core machine at load average 3.8): a request
+without a rollout 0.2 us (the call and one attribute read); with one 1.6 us (a cached key, a clock
+read, three `pack_into`); the supervisor's tail 1.9 us per record (so 10,000 requests per second
+cost its controller thread about 2 % of a core). The file is created at the first record, so
+configs without rollouts never create one; workers without a state directory (run by hand) have no
+observer at all.
 """
 
 from __future__ import annotations
