@@ -208,6 +208,31 @@ class MetricsScraper:
         st = self._states.get(endpoint)
         return stale_bound(self.busy_interval if st is None else st.interval, self.stale_factor)
 
+    def unsaturated(self, candidates: tuple[str, ...], queue_threshold: float, kv_threshold: float,
+                    stale_after: float | None = None) -> list[str]:
+        """The candidates `is_saturated` does not call saturated, in order, plus those not tracked (nothing
+        is known of them); one clock read for all: saturation-filter's whole pass."""
+        states = self._states
+        now = self._clock()
+        factor = self.stale_factor
+        out = []
+        for e in candidates:
+            st = states.get(e)
+            if st is None:
+                out.append(e)
+                continue
+            sample, at = st.sample, st.scraped_at
+            if sample is None or at is None:
+                continue
+            bound = factor * st.interval if stale_after is None else stale_after
+            if now - at > bound:
+                continue
+            q, kv = sample.queue, sample.kv_usage
+            if (q is not None and q > queue_threshold) or (kv is not None and kv > kv_threshold):
+                continue
+            out.append(e)
+        return out
+
     def saturated(self, endpoint: str, stale_after: float | None = None, now: float | None = None) -> bool:
         """The EPP saturation rule for one endpoint; an unknown endpoint is saturated."""
         st = self._states.get(endpoint)

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from extproc.scheduling import Parameters, Plugin, inflight_counts
-from extproc.scheduling.selectors import positive_label
+from extproc.scheduling.selectors import PerCandidates, positive_label
 
 
 class InFlightScorerParameters(Parameters):
@@ -44,6 +44,22 @@ class InFlightScorer(Plugin):
     bounded: ClassVar[bool] = True
     Parameters: ClassVar[type] = InFlightScorerParameters
 
+    def __init__(self, name: str, params: Any, runtime: Any):
+        super().__init__(name, params, runtime)
+        self._caps = PerCandidates()  # candidate tuple -> each one's capacity (None: relative)
+
+    def configure(self, old: Any, new: Any) -> None:
+        super().configure(old, new)
+        self._caps.clear()
+
+    def _capacities(self, labels: Any, candidates: tuple[str, ...]) -> list[float | None]:
+        p = self.params
+        out = []
+        for e in candidates:
+            cap = positive_label(labels, e, p.capacity_label)
+            out.append(p.capacity if cap is None else cap)
+        return out
+
     def score(self, ctx: Any, candidates: tuple[str, ...]) -> dict[str, float]:
         counts = inflight_counts(ctx, self.runtime, candidates)
         p = self.params
@@ -51,14 +67,12 @@ class InFlightScorer(Plugin):
             return self._relative(counts, candidates)
         out: dict[str, float] = {}
         rest = []
-        for e in candidates:
-            cap = positive_label(ctx.labels, e, p.capacity_label)
-            if cap is None:
-                cap = p.capacity
+        for e, cap in zip(candidates, self._caps.get(ctx.labels, candidates, self._capacities)):
             if cap is None:
                 rest.append(e)
             else:
-                out[e] = max(0.0, 1.0 - counts[e] / cap)
+                v = 1.0 - counts[e] / cap
+                out[e] = v if v > 0.0 else 0.0
         if rest:
             out.update(self._relative(counts, tuple(rest)))
         return out

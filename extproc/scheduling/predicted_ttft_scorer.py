@@ -60,7 +60,7 @@ from pydantic import Field
 
 from extproc.scheduling import Parameters, Plugin, inflight_counts
 from extproc.scheduling.prefix_cache_scorer import PREFIX_MATCH, PROMPT_BYTES
-from extproc.scheduling.selectors import positive_label
+from extproc.scheduling.selectors import PerCandidates, positive_label
 from extproc.scheduling.ttft_headroom_scorer import TtftModel, request_slo_ms
 from extproc.types import Outcome
 
@@ -94,72 +94,80 @@ class PredictedTtftScorer(Plugin):
         self.key = f"predicted-ttft:{name}"  # state.attrs: the features of each candidate scored
         # endpoint -> {id(state): (state, uncached KB)} of picks still waiting for their first token
         self.ahead: dict[str, dict[int, tuple[Any, float]]] = {}
-        # (labels, {e: (slots, speed, kv tokens or None)}), parsed once per labels object
-        self._labels: tuple[Any, dict[str, tuple[float, float, float | None]]] | None = None
+        self._facts = PerCandidates()  # candidate tuple -> [(slots, speed, kv tokens or None) per candidate]
+        self._coefficients: tuple[Any, Any, bool, tuple[float, float, float]] | None = None  # (params, theta, usable, out)
 
     def configure(self, old: Any, new: Any) -> None:
         super().configure(old, new)
         self.model.forgetting, self.model.ridge = new.forgetting, new.ridge  # the fit so far stays
-        self._labels = None
+        self._facts.clear()
 
     # --- the model -----------------------------------------------------------------------------------
 
     def coefficients(self) -> tuple[float, float, float]:
-        """(base, slotWait, prefill per KB) in ms at speed 1: the fit where it is usable, else the config."""
+        """(base, slotWait, prefill per KB) in ms at speed 1: the fit where it is usable, else the config
+        (worked out again only when the fit, its sample count or the parameters changed)."""
         p = self.params
-        prior = (p.base_ms, p.slot_wait_ms, p.prefill_ms_per_kb)
         t = self.model.theta
-        if not p.learn or t is None or self.model.n < p.min_samples:
-            return prior
-        return tuple(v if math.isfinite(v) and v >= 0.0 else d for v, d in zip(t, prior))  # type: ignore[return-value]
+        usable = p.learn and t is not None and self.model.n >= p.min_samples
+        memo = self._coefficients
+        if memo is not None and memo[0] is p and memo[1] is t and memo[2] == usable:
+            return memo[3]
+        prior = (p.base_ms, p.slot_wait_ms, p.prefill_ms_per_kb)
+        out = prior if not usable else tuple(v if math.isfinite(v) and v >= 0.0 else d for v, d in zip(t, prior))
+        self._coefficients = (p, t, usable, out)
+        return out  # type: ignore[return-value]
 
     def endpoint_facts(self, labels: Any, endpoint: str) -> tuple[float, float, float | None]:
-        """(slots, speed, KV tokens or None) of an endpoint from its labels, parsed once per labels object."""
-        cached = self._labels
-        if cached is None or cached[0] is not labels:
-            cached = self._labels = (labels, {})
-        facts = cached[1].get(endpoint)
-        if facts is None:
-            p = self.params
-            slots = positive_label(labels, endpoint, p.slots_label) or float(p.slots)
-            speed = positive_label(labels, endpoint, p.speed_label) or 1.0
-            facts = cached[1][endpoint] = (slots, speed, positive_label(labels, endpoint, p.kv_tokens_label))
-        return facts
+        """(slots, speed, KV tokens or None) of an endpoint from its labels."""
+        p = self.params
+        slots = positive_label(labels, endpoint, p.slots_label) or float(p.slots)
+        speed = positive_label(labels, endpoint, p.speed_label) or 1.0
+        return slots, speed, positive_label(labels, endpoint, p.kv_tokens_label)
 
     def slo_ms(self, state: Any) -> float:
         return request_slo_ms(state, self.params.ttft_slo_ms)
 
     # --- the score and the learning ------------------------------------------------------------------
 
+    def facts_of(self, labels: Any, candidates: tuple[str, ...]) -> list[tuple[float, float, float | None]]:
+        """`endpoint_facts` of each candidate (kept per candidate tuple and labels object)."""
+        return self._facts.get(labels, candidates, lambda lb, cs: [self.endpoint_facts(lb, e) for e in cs])
+
     def score(self, ctx: Any, candidates: tuple[str, ...]) -> dict[str, float]:
         cycle = ctx.cycle
         match = cycle.get(PREFIX_MATCH) or {}
+        req = ctx.request
         prompt_bytes = cycle.get(PROMPT_BYTES)
         if prompt_bytes is None:
-            prompt_bytes = len(ctx.request.prompt_text().encode()) if ctx.request is not None else 0
+            prompt_bytes = len(req.prompt_text().encode()) if req is not None else 0
         prompt_kb = prompt_bytes / 1000.0
-        max_tokens = (ctx.request.max_tokens or 0) if ctx.request is not None else 0
+        max_tokens = (req.max_tokens or 0) if req is not None else 0
         request_tokens = prompt_bytes / self.params.bytes_per_token + max_tokens
         counts = inflight_counts(ctx, self.runtime, candidates)
         base, slot_wait, prefill = self.coefficients()
         slo = self.slo_ms(ctx.state)
-        labels = ctx.labels
-        features: dict[str, tuple[float, float, float]] = {}
+        features: dict[str, tuple[float, float, float, float]] = {}
         out: dict[str, float] = {}
         ahead = self.ahead
-        for e in candidates:
+        ahead_kb = self.ahead_kb
+        for e, (slots, speed, kv_tokens) in zip(candidates, self.facts_of(ctx.labels, candidates)):
             waiting_prefill = ahead.get(e)
-            ahead_kb = self.ahead_kb(waiting_prefill) if waiting_prefill else 0.0
-            slots, speed, kv_tokens = self.endpoint_facts(labels, e)
-            if kv_tokens is not None and request_tokens > 0:
-                slots = min(slots, max(1.0, float(int(kv_tokens / request_tokens))))
+            kb_ahead = ahead_kb(waiting_prefill) if waiting_prefill else 0.0
+            if kv_tokens is not None and request_tokens > 0:  # min(slots, max(1, floor(kv / request tokens)))
+                fit = kv_tokens // request_tokens
+                if fit < 1.0:
+                    fit = 1.0
+                if fit < slots:
+                    slots = fit
             wait = counts[e] + 1 - slots
             if wait < 0:
                 wait = 0.0
-            uncached = prompt_kb * (1.0 - match.get(e, 0.0))
-            features[e] = (wait, uncached, speed, ahead_kb)
-            predicted = (base + slot_wait * wait + prefill * (uncached + ahead_kb)) / speed
-            out[e] = max(0.0, slo - predicted) / slo
+            m = match.get(e)
+            uncached = prompt_kb * (1.0 - m) if m else prompt_kb
+            features[e] = (wait, uncached, speed, kb_ahead)
+            headroom = slo - (base + slot_wait * wait + prefill * (uncached + kb_ahead)) / speed
+            out[e] = headroom / slo if headroom > 0.0 else 0.0
         if ctx.state is not None:
             ctx.state.attrs[self.key] = features
         return out

@@ -173,8 +173,14 @@ class PrefixCacheScorer(Plugin):
         if not hashes:
             out = dict.fromkeys(candidates, 0.0)
         else:
-            total = len(hashes)
-            out = {e: self.matched(e, hashes) / total for e in candidates}
+            total = float(len(hashes))
+            first = hashes[0]
+            index_get = self.index.get
+            count = _native.matched if _native is not None else matched_py
+            out = {}
+            for e in candidates:  # self.matched(e, hashes) / total, inlined
+                lru = index_get(e)
+                out[e] = count(lru, hashes) / total if lru and first in lru else 0.0
         ctx.cycle[PREFIX_MATCH] = out  # for later plugins of the profile (predicted-ttft-scorer)
         return out
 

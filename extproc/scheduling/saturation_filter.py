@@ -19,7 +19,8 @@ queue(e) > queueDepthThreshold or kv_usage(e) > kvCacheUtilThreshold); a field t
 export does not count.
 Parameters: `queueDepthThreshold` (default 5), `kvCacheUtilThreshold` (0.8, in [0, 1]),
 `metricsStalenessThreshold` (seconds; default: the scraper's 4 x interval).
-Data consumed: engine metrics (queue, KV, age). Cost: a dict lookup and a clock read per candidate.
+Data consumed: engine metrics (queue, KV, age). Cost: one clock read, then a dict lookup and a few
+comparisons per candidate (`MetricsScraper.unsaturated`: the rule of `is_saturated`, in one pass).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from extproc.datalayer.scraper import KV_THRESHOLD, QUEUE_THRESHOLD, is_saturated
+from extproc.datalayer.scraper import KV_THRESHOLD, QUEUE_THRESHOLD
 from extproc.scheduling import Parameters, Plugin
 from extproc.scheduling.signals import ENGINE_METRICS
 
@@ -46,15 +47,6 @@ class SaturationFilter(Plugin):
     Parameters: ClassVar[type] = SaturationFilterParameters
 
     def filter(self, ctx: Any, candidates: tuple[str, ...]) -> list[str]:
-        sig = self.runtime.signals
         p = self.params
-        out = []
-        for e in candidates:
-            if not sig.tracked(e):
-                out.append(e)
-                continue
-            stale = p.metrics_staleness_threshold if p.metrics_staleness_threshold is not None else sig.stale_after(e)
-            if not is_saturated(sig.sample(e), sig.age(e), stale, p.queue_depth_threshold,
-                                p.kv_cache_util_threshold):
-                out.append(e)
-        return out
+        return self.runtime.signals.unsaturated(candidates, p.queue_depth_threshold, p.kv_cache_util_threshold,
+                                                p.metrics_staleness_threshold)

@@ -104,3 +104,30 @@ def positive_label(labels: Mapping[str, Mapping[str, str]], endpoint: str, name:
         return None
     return v if v > 0 and math.isfinite(v) else None
 
+
+
+class PerCandidates:
+    """A value derived from the endpoints' labels for one candidate tuple (say each candidate's capacity),
+    computed once per (candidate tuple, labels object) and then reused: labels change only with a
+    reload (a new labels object), and a backend's candidate tuples are few. At most `limit` tuples are
+    kept (the oldest computed goes first). One per plugin instance: `get(labels, candidates, compute)`
+    returns `compute(labels, candidates)`, computed at most once while the labels object is the same."""
+
+    __slots__ = ("_found", "limit")
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._found: dict[tuple[str, ...], tuple[object, object]] = {}
+        self.limit = limit
+
+    def get(self, labels, candidates, compute):
+        found = self._found.get(candidates)
+        if found is not None and found[0] is labels:
+            return found[1]
+        value = compute(labels, candidates)
+        self._found[candidates] = (labels, value)
+        if len(self._found) > self.limit:
+            del self._found[next(iter(self._found))]
+        return value
+
+    def clear(self) -> None:
+        self._found.clear()

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from extproc.scheduling import Parameters, Plugin
-from extproc.scheduling.selectors import positive_label
+from extproc.scheduling.selectors import PerCandidates, positive_label
 
 
 class ShareCapFilterParameters(Parameters):
@@ -77,28 +77,22 @@ class ShareCapFilter(Plugin):
     def __init__(self, name: str, params: ShareCapFilterParameters, runtime: Any):
         super().__init__(name, params, runtime)
         self.history: dict[str, _History] = {}  # backend name -> its recent picks
-        # (labels object, {candidate tuple: (capacities, their sum)})
-        self._caps: tuple[Any, dict[tuple[str, ...], tuple[list[float], float]]] | None = None
+        self._caps = PerCandidates()  # candidate tuple -> (capacities, their sum)
 
     def configure(self, old: ShareCapFilterParameters, new: ShareCapFilterParameters) -> None:
         self.params = new
-        self._caps = None
+        self._caps.clear()
         for h in self.history.values():  # a smaller window forgets the oldest picks; the rest stays
             h.trim(new.window)
 
     def capacities(self, labels: Any, candidates: tuple[str, ...]) -> tuple[list[float], float]:
-        """Each candidate's capacity and their sum, read once per (labels object, candidate tuple)."""
-        cached = self._caps
-        if cached is None or cached[0] is not labels:
-            cached = self._caps = (labels, {})
-        found = cached[1].get(candidates)
-        if found is None:
-            label = self.params.capacity_label
-            caps = [positive_label(labels, e, label) or 1.0 for e in candidates]
-            found = cached[1][candidates] = (caps, sum(caps))
-            if len(cached[1]) > 1024:  # candidate sets vary (filters before this one): keep it bounded
-                del cached[1][next(iter(cached[1]))]
-        return found
+        """Each candidate's capacity and their sum (kept per candidate tuple and labels object)."""
+        return self._caps.get(labels, candidates, self._capacities)
+
+    def _capacities(self, labels: Any, candidates: tuple[str, ...]) -> tuple[list[float], float]:
+        label = self.params.capacity_label
+        caps = [positive_label(labels, e, label) or 1.0 for e in candidates]
+        return caps, sum(caps)
 
     def filter(self, ctx: Any, candidates: tuple[str, ...]) -> tuple[str, ...]:
         h = self.history.get(ctx.backend.name)

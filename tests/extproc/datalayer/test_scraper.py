@@ -290,3 +290,37 @@ async def test_unknown_endpoints_and_engines():
     assert sc.interval("10.0.0.1:80") is None and sc.errors("10.0.0.1:80") == 0
     with pytest.raises(ValueError, match="unknown engine"):
         sc.update({"10.0.0.1:80": ("http://10.0.0.1/metrics", "tgi")})
+
+
+# --- the bulk pass saturation-filter uses ------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_STATE = st.one_of(st.none(), st.tuples(
+    st.one_of(st.none(), st.floats(0, 20)),  # queue
+    st.one_of(st.none(), st.floats(0, 1)),  # KV use
+    st.one_of(st.none(), st.floats(0, 30)),  # age (None: never scraped)
+    st.sampled_from([0.2, 2.0]),  # the interval chosen at the last attempt
+    st.booleans()))  # whether a sample is there at all
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(states=st.lists(_STATE, min_size=0, max_size=8), queue=st.floats(0, 10), kv=st.floats(0, 1),
+       stale=st.one_of(st.none(), st.floats(0.05, 10)))
+def test_unsaturated_is_is_saturated_on_each_tracked_endpoint_and_keeps_the_untracked(states, queue, kv, stale):
+    now = 1000.0
+    s = MetricsScraper(clock=lambda: now)
+    eps = tuple(f"10.0.0.{i}:8000" for i in range(len(states)))
+    s.update({e: (f"http://{e}/metrics", "vllm") for e, x in zip(eps, states) if x is not None})
+    for e, x in zip(eps, states):
+        if x is None:
+            continue
+        q, k, age, interval, has = x
+        stt = s._states[e]
+        stt.interval = interval
+        stt.sample = EngineSample("vllm", queue=q, kv_usage=k) if has else None
+        stt.scraped_at = None if age is None else now - age
+    expected = [e for e, x in zip(eps, states) if x is None or not is_saturated(
+        s.sample(e), s.age(e), s.stale_after(e) if stale is None else stale, queue, kv)]
+    assert s.unsaturated(eps, queue, kv, stale) == expected
