@@ -119,9 +119,12 @@ FLEET = (
 # queue 1, LoRA 1) sent a request off its group's warm node to a cold one whenever the warm node was
 # the busiest, even at 2 of 8 slots: cold 2304-token prefills were the shared-prefix p99 (650 vs the EPP
 # default profile's 484 ms at 80%). Weighted-score variants (in-flight against capacity, weights 2-3)
-# came to the EPP profile's level but not below it.
+# came to the EPP profile's level but not below it. share-cap-filter (1.35 x the speed-weighted share of
+# each worker's last 256 picks) holds the busiest node under the 1.5x goal: at 50% load predicted TTFT
+# alone sent 1.75x its share to one warm H100 (RESULTS.md, 14:23 UTC run).
 ADAPTER_GATEWAY_PLUGINS = [
     {"type": "saturation-filter", "parameters": {"queueDepthThreshold": 4, "kvCacheUtilThreshold": 0.95}},
+    {"type": "share-cap-filter", "parameters": {"maxShareRatio": 1.35}},
     {"type": "prefix-cache-scorer", "parameters": {"blockSize": 256}},
     {"type": "predicted-ttft-scorer", "parameters": {"ttftSloMs": 2000, "baseMs": 43, "prefillMsPerKb": 41.25,
                                                      "slotWaitMs": 172}},
@@ -130,7 +133,7 @@ ADAPTER_GATEWAY_PLUGINS = [
     {"type": "max-score-picker", "parameters": {"fallbacks": 1}},
 ]
 ADAPTER_GATEWAY_PROFILE = [
-    {"pluginRef": "saturation-filter"}, {"pluginRef": "prefix-cache-scorer", "weight": 1},
+    {"pluginRef": "saturation-filter"}, {"pluginRef": "share-cap-filter"}, {"pluginRef": "prefix-cache-scorer", "weight": 1},
     {"pluginRef": "predicted-ttft-scorer", "weight": 10}, {"pluginRef": "in-flight-scorer", "weight": 1},
     {"pluginRef": "lora-affinity-scorer", "weight": 1}, {"pluginRef": "max-score-picker"},
 ]
