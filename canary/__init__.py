@@ -13,7 +13,12 @@
   promotion and rollback, operator actions, state saved atomically and refused with file and field
   when corrupt.
 
-Not yet: feeding the judge's windows from the request lifecycle and applying a plan's weights to the
-live config, `adapterctl canary`, endpoint and bundle arms, sandboxed preload of bundles,
-perf/bench_canary.py. docs/canary.md says what remains. Importing this package imports nothing.
+- `canary.feed`: every worker's finished requests of a rollout (arm, latency, TTFT, error) as records
+  in a per-worker ring file; the supervisor tails them all.
+- `canary.control`: the supervisor's controller: per rollout with a `plan:` block, windows fed from
+  the feed, the judge and the plan on a schedule, the plan's weights applied by republishing the
+  config, state surviving restarts; operator actions. `canary.cli`: `adapterctl canary`.
+
+Not yet: endpoint and bundle arms, sandboxed preload of bundles, control across gateway replicas.
+docs/canary.md says what remains. Importing this package imports nothing.
 """
