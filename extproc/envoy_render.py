@@ -69,6 +69,74 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3f}s"
 
 
+# --- failure behaviour (docs/operations.md "Failure behaviour") ---------------------------------
+# Retries where the request never reached the upstream: the connection could not be made, the
+# stream was reset before any byte of the request was written, or an HTTP/2 server refused the
+# stream (REFUSED_STREAM, and the streams past a GOAWAY's last id). Never `5xx` or
+# `gateway-error`: an answer is passed on as it is.
+NEVER_SENT_RETRY_ON = "connect-failure,refused-stream,reset-before-request"
+# Inference kinds also retry a request whose connection died before any answer (`reset`: the
+# endpoint was killed with the request on it): an inference request changes nothing on the server
+# but its caches and counters, so running it again elsewhere is safe; it costs the compute spent.
+# The other kinds (passthrough, rest, tool: any HTTP API, POSTs that may create things) do not.
+IDEMPOTENT_KINDS = frozenset({"llm", "openai", "kserve", "tensor"})
+SENT_RETRY_ON = NEVER_SENT_RETRY_ON + ",reset"
+UPSTREAM_RETRIES = 2  # also the bound on hosts a request that kills its server can reach (3)
+_PREVIOUS_HOSTS = [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
+    "@type": _T + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}]
+# Envoy closes an idle upstream connection before the backend would: a server closing an idle
+# keep-alive connection races with Envoy reusing it (503 connection_termination on a request that
+# never got an answer). Per backend kind, below the servers' own defaults:
+#   vllm: uvicorn `timeout_keep_alive` 5 s (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE);
+#   openai: OpenAI-API servers: our simulator (hypercorn `keep_alive_timeout` 5 s), llama.cpp
+#     server (cpp-httplib keep-alive 5 s), SGLang (uvicorn 5 s);
+#   onnxruntime: our server (uvicorn `timeout_keep_alive` 5 s, or hypercorn 5 s);
+#   triton: KServe v2 servers: Triton (HTTP and gRPC: no idle close by default), MLServer and the
+#     KServe Python server (uvicorn 5 s);
+#   rest: any HTTP server: gunicorn's async workers close after 2 s (`keepalive`), Node.js 5 s.
+UPSTREAM_IDLE_TIMEOUT = {"vllm": 4.0, "openai": 4.0, "onnxruntime": 4.0, "triton": 4.0, "rest": 1.5}
+# Envoy retires a connection (drains it: no new streams, those in flight finish) after this many
+# requests, before the backend closes it: hypercorn's `keep_alive_max_requests` (1000, HTTP/1.1
+# and HTTP/2) ends an HTTP/2 connection with GOAWAY and cuts the streams still on it.
+UPSTREAM_MAX_REQUESTS_PER_CONNECTION = 500
+
+
+def upstream_retry_policy(route: Route) -> dict[str, Any]:
+    """The retry policy of every route entry that forwards to a backend: never-sent failures, plus
+    `reset` on inference kinds; always on another host (`previous_hosts`; with an endpoint pick,
+    the fallbacks listed in `x-gateway-destination-endpoint` come first, then the backend's
+    `lbPolicy`)."""
+    return {"retry_on": SENT_RETRY_ON if route.kind in IDEMPOTENT_KINDS else NEVER_SENT_RETRY_ON,
+            "num_retries": UPSTREAM_RETRIES,
+            "retry_host_predicate": _PREVIOUS_HOSTS, "host_selection_retry_max_attempts": 5,
+            "retry_back_off": {"base_interval": "0.005s", "max_interval": "0.050s"}}
+
+
+def processor_retry_policy() -> dict[str, Any]:
+    """The ext_proc stream's retry policy (GrpcService.retry_policy, taken by the filter's Envoy
+    gRPC stream, which buffers what it sent for a retry): a stream that cannot reach its worker
+    (killed, restarting: connection refused) or whose worker died before answering anything opens
+    on another worker with the same messages; a worker had done nothing outside itself by then. A
+    stream that had an answer is not retried (Envoy cannot): it fails with its worker."""
+    return {"retry_on": SENT_RETRY_ON, "num_retries": UPSTREAM_RETRIES,
+            "retry_host_predicate": _PREVIOUS_HOSTS, "host_selection_retry_max_attempts": 5,
+            "retry_back_off": {"base_interval": "0.002s", "max_interval": "0.020s"}}
+
+
+def _outlier_detection(failures: int, ejection: float) -> dict[str, Any]:
+    """Eject a host after `failures` local-origin failures in a row (connect failures, resets,
+    timeouts: the host is gone), never for the answers it sends (a 503 of an overloaded engine is
+    passed on, not held against it); a passing active health check lets it back at once."""
+    return {
+        "split_external_local_origin_errors": True,
+        "consecutive_local_origin_failure": failures, "enforcing_consecutive_local_origin_failure": 100,
+        "enforcing_consecutive_5xx": 0, "enforcing_consecutive_gateway_failure": 0,
+        "enforcing_success_rate": 0, "enforcing_local_origin_success_rate": 0,
+        "interval": "1s", "base_ejection_time": _duration(ejection), "max_ejection_time": "30s",
+        "max_ejection_percent": 50, "successful_active_health_check_uneject_host": True,
+    }
+
+
 def processing_mode(route: Route) -> dict[str, str]:
     """Exactly the phases the route's pipeline handles, plus the headers of any buffered body.
 
@@ -121,7 +189,8 @@ def _backend_route(route: Route, backend: Backend, tenant_header: str, digest: s
             {"name": ROUTE_TARGET_HEADER, "string_match": {"exact": route.name}},
             {"name": BACKEND_HEADER, "string_match": {"exact": backend.name}},
         ]},
-        "route": {"cluster": backend.cluster, "timeout": _duration(route.timeout)},
+        "route": {"cluster": backend.cluster, "timeout": _duration(route.timeout),
+                  "retry_policy": upstream_retry_policy(route)},
         "request_headers_to_remove": [BACKEND_HEADER, ROUTE_TARGET_HEADER],
         "typed_per_filter_config": _ext_proc_per_route(route, tenant_header, digest),
         **_variant_header(route),
@@ -150,7 +219,8 @@ def _client_route(route: Route, tenant_header: str, digest: str) -> dict[str, An
     if route.backend is None:  # answered by the processor; reached only if it is down
         entry["direct_response"] = {"status": 503, "body": {"inline_string": "the processor did not answer"}}
     else:  # failure_mode open lands here unchanged when the processor is down
-        entry["route"] = {"cluster": route.backend.cluster, "timeout": _duration(route.timeout)}
+        entry["route"] = {"cluster": route.backend.cluster, "timeout": _duration(route.timeout),
+                          "retry_policy": upstream_retry_policy(route)}
     return entry
 
 
@@ -238,8 +308,13 @@ def processor_cluster(snap: Snapshot, workers: int) -> dict[str, Any]:
         "lb_policy": "LEAST_REQUEST",
         "typed_extension_protocol_options": _http2_options(keepalive=True),
         # One gRPC stream per in-flight HTTP request: the default 1024 would cap concurrency.
+        # Retries (processor_retry_policy) only follow streams that never reached a worker, so as
+        # many may run at once as streams fail when a worker dies (the default is 3).
         "circuit_breakers": {"thresholds": [{"max_connections": 100000, "max_pending_requests": 100000,
-                                             "max_requests": 100000, "max_retries": 3}]},
+                                             "max_requests": 100000, "max_retries": 100000}]},
+        # a worker that refuses connections or resets streams is out at its second failure in a
+        # row, before the next health check; the health check that passes lets it back
+        "outlier_detection": _outlier_detection(2, 2.0),
         "health_checks": [{
             "timeout": "1s", "interval": "1s", "no_traffic_interval": "1s",
             "unhealthy_threshold": 1, "healthy_threshold": 1,
@@ -315,9 +390,20 @@ def backend_cluster(b: Backend, eds_config: dict[str, Any] | None = None) -> dic
         "typed_extension_protocol_options": {
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                 "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                # below the backend's own idle close and request limit (UPSTREAM_IDLE_TIMEOUT)
+                "common_http_protocol_options": {
+                    "idle_timeout": _duration(UPSTREAM_IDLE_TIMEOUT.get(b.kind, min(UPSTREAM_IDLE_TIMEOUT.values()))),
+                    "max_requests_per_connection": UPSTREAM_MAX_REQUESTS_PER_CONNECTION,
+                },
                 "explicit_http_config": protocol,
             }
         },
+        # upstream_retry_policy retries only never-sent requests; the default of 3 at once would
+        # turn a dead endpoint's refused connections into 503 overflows under load
+        "circuit_breakers": {"thresholds": [{"max_retries": 1024}]},
+        # an endpoint that refuses connections is skipped by the lbPolicy (not by a pick: those the
+        # retry policy moves on) for 5 s, longer each time it happens again
+        "outlier_detection": _outlier_detection(3, 5.0),
     }
     if eds_config is not None:
         cluster["eds_cluster_config"] = {"service_name": b.cluster, "eds_config": eds_config}
@@ -400,7 +486,8 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
     hcm["http_filters"] = _jwt_filters(tenancy) + [
         {"name": EXT_PROC, "typed_config": {
             "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": PROCESSOR_CLUSTER}},
+            "grpc_service": {"envoy_grpc": {"cluster_name": PROCESSOR_CLUSTER},
+                             "retry_policy": processor_retry_policy()},
             "failure_mode_allow": False,
             "status_on_error": {"code": 503},
             "message_timeout": _duration(proc.message_timeout),

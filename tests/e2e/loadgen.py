@@ -1,0 +1,132 @@
+"""A small closed-loop HTTP load generator for the reliability tests and `perf/bench_reliability.py`.
+
+What: `Load(url, requests, connections=8, streams=4)` runs, in its own thread and event loop,
+`connections` httpx clients (HTTP/2 with prior knowledge by default, like `h2load -c 8 -m 4`; or
+HTTP/1.1 with `streams` connections each) each keeping `streams` requests in flight, cycling
+through `requests` (`Req(method, path, body)`). Every answer is counted by status and, for a
+non-2xx one, by the `code` of the JSON error body (Envoy's own replies carry its response code
+details there, e.g. `upstream_reset_before_response_started{connection_termination}`; the
+processor's carry its reason); a transport error counts as status 0 with the exception's name.
+`with Load(...) as load:` starts it; leaving the block stops it (requests in flight finish).
+`load.requests` can be changed while it runs (reload tests add and remove routes).
+Cost: about 1 ms of client CPU per request (httpx); on this 2-core machine the client takes a
+share of the cores the gateway uses, which lowers throughput but not the failure count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass(frozen=True)
+class Req:
+    method: str
+    path: str
+    body: bytes | None = None
+    headers: tuple[tuple[str, str], ...] = (("content-type", "application/json"),)
+
+
+@dataclass
+class Report:
+    sent: int = 0
+    by_status: collections.Counter = field(default_factory=collections.Counter)
+    by_code: collections.Counter = field(default_factory=collections.Counter)  # (path, status, code) of failures
+    samples: list[str] = field(default_factory=list)  # the first two failures' bodies of each kind
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> int:
+        return sum(n for s, n in self.by_status.items() if 200 <= s < 300)
+
+    @property
+    def failed(self) -> int:
+        return self.sent - self.ok
+
+    def summary(self) -> str:
+        codes = ", ".join(f"{p} {s} {c}: {n}" for (p, s, c), n in self.by_code.most_common(6))
+        return (f"{self.sent} requests in {self.seconds:.1f}s, {self.failed} failed"
+                + (f" ({codes})" if codes else ""))
+
+
+class Load:
+    def __init__(self, url: str, requests: list[Req], connections: int = 8, streams: int = 4,
+                 http2: bool = True, timeout: float = 10.0, ok=lambda r: 200 <= r.status_code < 300):
+        self.url = url
+        self.requests: list[Req] = list(requests)
+        self.connections, self.streams, self.http2, self.timeout = connections, streams, http2, timeout
+        self.ok = ok
+        self.report = Report()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True, name="load")
+        self._started = 0.0
+
+    def _record(self, req: Req, status: int, code: str, text: str) -> None:
+        with self._lock:
+            self.report.sent += 1
+            self.report.by_status[status] += 1
+            if not 200 <= status < 300:
+                self.report.by_code[(req.path, status, code)] += 1
+                if self.report.by_code[(req.path, status, code)] <= 2 and len(self.report.samples) < 20:
+                    self.report.samples.append(f"{req.method} {req.path}: {status} {text[:300]}")
+
+    async def _one(self, client: httpx.AsyncClient, i: int) -> None:
+        n = i
+        while not self._stop.is_set():
+            reqs = self.requests
+            req = reqs[n % len(reqs)]
+            n += 1
+            try:
+                r = await client.request(req.method, self.url + req.path, content=req.body, headers=dict(req.headers))
+            except httpx.HTTPError as e:
+                self._record(req, 0, type(e).__name__, repr(e))
+                continue
+            if self.ok(r):
+                self._record(req, 200 if 200 <= r.status_code < 300 else r.status_code, "", "")
+                continue
+            code = ""
+            try:
+                doc = json.loads(r.content)
+                err = doc.get("error") if isinstance(doc, dict) else None
+                code = str(err.get("code") if isinstance(err, dict) else err or "")[:120]
+            except ValueError:
+                code = r.text[:80]
+            self._record(req, r.status_code if r.status_code >= 300 else 599, code, r.text)
+
+    async def _run(self) -> None:
+        limits = httpx.Limits(max_connections=1 if self.http2 else self.streams, max_keepalive_connections=None)
+        clients = [httpx.AsyncClient(http1=not self.http2, http2=self.http2, limits=limits, timeout=self.timeout)
+                   for _ in range(self.connections)]
+        try:
+            await asyncio.gather(*(self._one(c, i * self.streams + j) for i, c in enumerate(clients)
+                                   for j in range(self.streams)))
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    def start(self) -> "Load":
+        self._started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> Report:
+        self._stop.set()
+        self._thread.join(self.timeout + 5)
+        self.report.seconds = time.monotonic() - self._started
+        return self.report
+
+    def __enter__(self) -> "Load":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
