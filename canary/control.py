@@ -48,7 +48,7 @@ plan's; `UnknownRollout` (no such rollout), `NoPlan` (a rollout without `plan:`)
 `status(name)` is what `adapterctl canary status` prints.
 Wrapped here, not in canary/plan.py or canary/judge.py (owned elsewhere): the fingerprint, the
 events file, the stale-sample cut-off, hold de-duplication in the log (a hold is logged when its
-reason changes, not every tick) and the "is live" flag.
+reason changes, numbers aside, not every tick; the last one is in the status) and the "is live" flag.
 Cost: a tick reads the feed (about 1 us per record) and judges each due rollout (about 4 ms at the
 default window sizes); nothing on the request path beyond the feed's record.
 """
@@ -59,6 +59,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -372,8 +373,8 @@ class Controller:
                     changed = True
                 else:
                     d = ev.to_dict()
-                    if rc.last_hold is None or rc.last_hold.get("reason") != d["reason"]:
-                        self._log(rc, d, "")
+                    if rc.last_hold is None or _shape(rc.last_hold.get("reason")) != _shape(d["reason"]):
+                        self._log(rc, d, "")  # a hold is logged when its reason changes, not its numbers
                     rc.last_hold = d
         return changed
 
@@ -454,6 +455,11 @@ class Controller:
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
+
+
+def _shape(reason: Any) -> str:
+    """A hold's reason without its numbers ("samples 12 < 30" and "samples 13 < 30" are one reason)."""
+    return re.sub(r"\d+(\.\d+)?", "#", str(reason))
 
 
 def default_state_dir(config_path: str | os.PathLike, configured: str | None) -> Path:

@@ -229,3 +229,16 @@ def test_a_rollout_whose_plan_block_goes_away_is_manual_again(tmp_path):
     assert ctl.controlled == () and ctl.status("ro")["ro"]["plan"] is None
     with pytest.raises(NoPlan):
         ctl.action("ro", "promote")
+
+
+def test_holds_are_logged_when_their_reason_changes_not_every_tick(tmp_path, caplog):
+    clock, rng = Clock(), random.Random(6)
+    ctl = start(tmp_path, clock)
+    with caplog.at_level("INFO", logger="canary.control"):
+        for _ in range(5):  # inconclusive five times: one line
+            feed(ctl, clock, 5, rng=rng)
+            clock.step(1)
+            ctl.tick()
+    holds = [r for r in caplog.records if '"kind": "hold"' in r.getMessage()]
+    assert len(holds) == 1 and "inconclusive" in holds[0].getMessage()
+    assert ctl.status("ro")["ro"]["last_hold"]["evidence"]["samples"] == {"stable": 25, "canary": 25}
