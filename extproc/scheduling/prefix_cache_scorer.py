@@ -30,12 +30,17 @@ worker 2 until worker 2 sends it somewhere itself); nothing is shared across wor
 the index does not know what the engine actually evicted (the `oracle` policy of the benchmark
 reads the simulator's true cache for comparison). An endpoint removed from the config keeps its
 (bounded) index until the worker restarts; a change of `blockSize` empties the index (its hashes
-no longer match), a smaller `lruCapacityPerServer` trims it.
+no longer match), a smaller capacity trims the index.
 Formula: blocks = floor(min(len(utf8(prompt)), blockSize * maxPrefixBlocksToMatch) / blockSize);
 score(e) = matched_leading_blocks(e) / blocks (0 when blocks = 0). Bounded: the framework only clamps.
 Parameters: `blockSize` (bytes, default 64), `maxPrefixBlocksToMatch` (default 256),
 `lruCapacityPerServer` (blocks per endpoint, default 31250: GIE's, sized for Llama-3-8B on an
-H100's free HBM, 500K tokens / 16 per block).
+H100's free HBM, 500K tokens / 16 per block); `capacityLabel` (default none: the name of an
+endpoint label holding its KV-cache size in tokens, e.g. `kv-tokens`; an endpoint with a positive
+number there gets an index of max(1, floor(tokens x bytesPerToken / blockSize)) blocks, so the
+index forgets about when the engine must: an index much larger than the engine's cache keeps
+calling a prefix warm after the engine evicted it, and the request pays a cold prefill where the
+score promised a warm one), `bytesPerToken` (default 4).
 Shared with later plugins of the profile: `ctx.cycle["prefix_match"]` (each candidate's score) and
 `ctx.cycle["prompt_bytes"]` (the prompt's UTF-8 length); predicted-ttft-scorer reads them.
 Native: the three inner loops (block keys, the leading-run search, recording a pick) are in C
@@ -58,6 +63,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from extproc.scheduling import Parameters, Plugin
+from extproc.scheduling.selectors import positive_label
 
 try:  # the C inner loops (setup.py builds them; optional): the same results, about half the cost
     from extproc.scheduling import _prefix as _native
@@ -75,6 +81,9 @@ class PrefixCacheScorerParameters(Parameters):
     block_size: int = Field(default=64, alias="blockSize", ge=1)
     max_prefix_blocks_to_match: int = Field(default=256, alias="maxPrefixBlocksToMatch", ge=1)
     lru_capacity_per_server: int = Field(default=31250, alias="lruCapacityPerServer", ge=1)
+    # an endpoint's index sized from its own KV-cache label (tokens) instead: tokens x bytesPerToken / blockSize
+    capacity_label: str | None = Field(default=None, alias="capacityLabel", min_length=1)
+    bytes_per_token: float = Field(default=4.0, alias="bytesPerToken", gt=0.0, allow_inf_nan=False)
 
 
 def block_hashes(model: str | None, prompt: str | bytes, block_size: int, max_blocks: int) -> list[int]:
@@ -135,14 +144,29 @@ class PrefixCacheScorer(Plugin):
     def __init__(self, name: str, params: PrefixCacheScorerParameters, runtime: Any):
         super().__init__(name, params, runtime)
         self.index: dict[str, OrderedDict[int, None]] = {}  # endpoint -> LRU of block hashes (oldest first)
+        self._capacity: dict[str, tuple[Any, int]] = {}  # endpoint -> (labels object, its index capacity)
+
+    def capacity(self, labels: Any, endpoint: str) -> int:
+        """The endpoint's index capacity in blocks: from its `capacityLabel` (KV tokens) when set and a
+        positive number there, else `lruCapacityPerServer` (kept per labels object)."""
+        found = self._capacity.get(endpoint)
+        if found is not None and found[0] is labels:
+            return found[1]
+        p = self.params
+        tokens = positive_label(labels, endpoint, p.capacity_label) if p.capacity_label else None
+        cap = max(1, int(tokens * p.bytes_per_token / p.block_size)) if tokens is not None else p.lru_capacity_per_server
+        self._capacity[endpoint] = (labels, cap)
+        return cap
 
     def configure(self, old: PrefixCacheScorerParameters, new: PrefixCacheScorerParameters) -> None:
         self.params = new
         if old.block_size != new.block_size:
             self.index.clear()
-        elif new.lru_capacity_per_server < old.lru_capacity_per_server:
-            for lru in self.index.values():
-                while len(lru) > new.lru_capacity_per_server:
+        else:  # capacities as the new parameters say (with the labels last seen), trimmed now
+            seen, self._capacity = self._capacity, {}
+            for e, lru in self.index.items():
+                cap = self.capacity(seen[e][0] if e in seen else {}, e)
+                while len(lru) > cap:
                     lru.popitem(last=False)
 
     def hashes(self, ctx: Any) -> list[int]:
@@ -191,7 +215,8 @@ class PrefixCacheScorer(Plugin):
         lru = self.index.get(endpoint)
         if lru is None:
             lru = self.index[endpoint] = OrderedDict()
+        cap = self.capacity(getattr(ctx, "labels", None) or {}, endpoint)
         if _native is not None:
-            _native.record(lru, hashes, self.params.lru_capacity_per_server)
+            _native.record(lru, hashes, cap)
         else:
-            record_py(lru, hashes, self.params.lru_capacity_per_server)
+            record_py(lru, hashes, cap)

@@ -135,3 +135,49 @@ def test_the_picked_hook_gets_the_first_pick_only(n):
     picks = b.decide(request_state(b, content="0123456789abcdef"))
     prefix = b.runtime.plugin(b.snap.plugins["prefix-cache-scorer"])
     assert len(picks) == n + 1 and list(prefix.index) == [picks[0]]
+
+
+# --- the index sized from each endpoint's KV-cache label ----------------------------------------------
+
+def labelled_ctx(model: str, prompt: str, labels: dict):
+    c = ctx_for(model, prompt)
+    c.labels = labels
+    return c
+
+
+def test_capacity_label_sizes_each_endpoints_index_from_its_kv_tokens():
+    # blockSize 2 bytes, 4 bytes per token: E1's 3 tokens hold 6 blocks, E2's 1 token 2 blocks;
+    # E3 has no (usable) label: lruCapacityPerServer
+    s = scorer(blockSize=2, lruCapacityPerServer=5, capacityLabel="kv-tokens")
+    labels = {E1: {"kv-tokens": "3"}, E2: {"kv-tokens": "1"}, E3: {"kv-tokens": "lots"}}
+    for e in (E1, E2, E3):
+        s.picked(labelled_ctx("m", "a1a2a3a4a5a6a7a8", labels), e)  # 8 blocks
+    assert {e: len(s.index[e]) for e in (E1, E2, E3)} == {E1: 6, E2: 2, E3: 5}
+    # the newest are the leading blocks (recorded deepest first): each still matches its leading run
+    assert s.score(labelled_ctx("m", "a1a2a3a4a5a6a7a8", labels), (E1, E2, E3)) == {E1: 6 / 8, E2: 2 / 8, E3: 5 / 8}
+    assert s.capacity(labels, E1) == 6 and s.capacity(labels, E4) == 5
+    assert scorer(blockSize=64, capacityLabel="kv-tokens").capacity({E1: {"kv-tokens": "1"}}, E1) == 1  # at least 1
+
+
+def test_capacity_label_follows_a_reload_of_the_labels_and_bytes_per_token():
+    s = scorer(blockSize=2, capacityLabel="kv-tokens")
+    assert s.capacity({E1: {"kv-tokens": "3"}}, E1) == 6
+    assert s.capacity({E1: {"kv-tokens": "5"}}, E1) == 10  # a new labels object: read again
+    s.picked(labelled_ctx("m", "a1a2a3a4a5a6a7a8", {E1: {"kv-tokens": "5"}}), E1)
+    assert len(s.index[E1]) == 8
+    s.configure(s.params, PrefixCacheScorerParameters(blockSize=2, capacityLabel="kv-tokens", bytesPerToken=1))
+    assert len(s.index[E1]) == 2  # 5 tokens x 1 byte / 2 bytes per block, trimmed at once
+
+
+def test_without_a_capacity_label_the_label_is_ignored():
+    s = scorer(blockSize=2, lruCapacityPerServer=3)
+    s.picked(labelled_ctx("m", "a1a2a3a4a5a6a7a8", {E1: {"kv-tokens": "100"}}), E1)
+    assert len(s.index[E1]) == 3
+
+
+@pytest.mark.parametrize("params", [{"capacityLabel": ""}, {"bytesPerToken": 0}, {"bytesPerToken": float("nan")}])
+def test_bad_capacity_parameters_are_refused(params):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        PrefixCacheScorerParameters(**params)
