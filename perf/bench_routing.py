@@ -125,7 +125,7 @@ FLEET = (
 ADAPTER_GATEWAY_PLUGINS = [
     {"type": "saturation-filter", "parameters": {"queueDepthThreshold": 4, "kvCacheUtilThreshold": 0.95}},
     {"type": "share-cap-filter", "parameters": {"maxShareRatio": 1.35}},
-    {"type": "prefix-cache-scorer", "parameters": {"blockSize": 256}},
+    {"type": "prefix-cache-scorer", "parameters": {"blockSize": 256, "capacityLabel": "kv-tokens"}},
     {"type": "predicted-ttft-scorer", "parameters": {"ttftSloMs": 2000, "baseMs": 43, "prefillMsPerKb": 41.25,
                                                      "slotWaitMs": 172}},
     {"type": "in-flight-scorer", "parameters": {"capacityLabel": "max-num-seqs"}},
