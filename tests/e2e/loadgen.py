@@ -96,6 +96,8 @@ class Load:
                 doc = json.loads(r.content)
                 err = doc.get("error") if isinstance(doc, dict) else None
                 code = str(err.get("code") if isinstance(err, dict) else err or "")[:120]
+                if isinstance(err, dict) and err.get("flags") not in (None, "", "-"):
+                    code += f" [{err['flags']}]"  # %RESPONSE_FLAGS%, where the local reply carries it
             except ValueError:
                 code = r.text[:80]
             self._record(req, r.status_code if r.status_code >= 300 else 599, code, r.text)

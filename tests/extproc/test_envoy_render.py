@@ -220,3 +220,83 @@ def test_render_envoy_xds_dir_writes_a_live_bootstrap_and_its_files(tmp_path, ca
     assert dyn["cds_config"]["path_config_source"]["path"] == str(xds / "cds.yaml")
     assert {"lds.yaml", "rds.yaml", "cds.yaml"} <= {p.name for p in xds.iterdir()}
     assert "static_resources" in boot and "listeners" not in boot["static_resources"]
+
+
+def test_retries_only_where_the_request_never_reached_the_backend_except_on_inference_kinds(write_config):
+    """Every entry that forwards to a backend retries on another host; connection failures,
+    refused streams and resets before the request was written always, `reset` (the connection
+    died with the request on it) only on inference kinds, never an answer (5xx)."""
+    p = write_config("""
+        apiVersion: adapter.ai/v1
+        kind: AdapterGateway
+        metadata: {name: retries}
+        spec:
+          modelRef: m
+          backends: [{name: b, endpoints: ["10.0.0.1:80"]}]
+          routes:
+            - {path: /llm, target: b, transform: '{"a": $.output.a}'}
+            - {path: /p, target: b}
+            - {path: /v1/, match: prefix, kind: openai, target: b}
+        """)
+    _, routes = routes_of(render(load_file(p), workers=1))
+    forwarding = {r["name"]: r["route"]["retry_policy"] for r in routes if "cluster" in r.get("route", {})}
+    assert set(forwarding) == {"llm--b", "p--b", "v1--b", "llm", "p", "v1"}
+    for name, policy in forwarding.items():
+        conditions = set(policy["retry_on"].split(","))
+        assert {"connect-failure", "refused-stream", "reset-before-request"} <= conditions
+        assert not conditions & {"5xx", "gateway-error", "retriable-status-codes"}
+        assert ("reset" in conditions) == (name.split("--")[0] in ("llm", "v1")), name  # passthrough: no
+        assert policy["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
+        assert policy["num_retries"] == 2
+
+
+def test_the_processor_stream_retries_on_another_worker_and_dead_workers_are_ejected():
+    hcm, _ = routes_of(render(load_file(BRIEF_EXAMPLE), workers=2))
+    grpc = hcm["http_filters"][0]["typed_config"]["grpc_service"]
+    assert grpc["envoy_grpc"] == {"cluster_name": PROCESSOR_CLUSTER}
+    policy = grpc["retry_policy"]
+    assert set(policy["retry_on"].split(",")) == {"connect-failure", "refused-stream", "reset-before-request", "reset"}
+    assert policy["retry_host_predicate"][0]["name"] == "envoy.retry_host_predicates.previous_hosts"
+    clusters = {c["name"]: c for c in render(load_file(BRIEF_EXAMPLE), workers=2)["static_resources"]["clusters"]}
+    proc = clusters[PROCESSOR_CLUSTER]
+    outlier = proc["outlier_detection"]
+    assert outlier["split_external_local_origin_errors"] is True
+    assert outlier["consecutive_local_origin_failure"] == 2
+    assert outlier["enforcing_consecutive_local_origin_failure"] == 100
+    assert outlier["enforcing_consecutive_5xx"] == 0 and outlier["enforcing_consecutive_gateway_failure"] == 0
+    assert proc["circuit_breakers"]["thresholds"][0]["max_retries"] >= 1024  # as many as streams can fail at once
+    assert proc["health_checks"][0]["interval"] == "1s"
+
+
+def test_upstream_connections_close_before_the_backends_would(write_config):
+    """Idle timeout below each backend kind's keep-alive (uvicorn, hypercorn: 5 s; gunicorn: 2 s),
+    and connections retired below hypercorn's 1000 requests."""
+    from extproc.envoy_render import UPSTREAM_IDLE_TIMEOUT
+
+    p = write_config("""
+        apiVersion: adapter.ai/v1
+        kind: AdapterGateway
+        metadata: {name: idle}
+        spec:
+          backends:
+            - {name: v, kind: vllm, endpoints: ["10.0.0.1:80"]}
+            - {name: o, kind: openai, protocol: grpc, endpoints: ["10.0.0.2:80"]}
+            - {name: t, kind: triton, endpoints: ["10.0.0.3:80"]}
+            - {name: x, kind: onnxruntime, endpoints: ["10.0.0.4:80"]}
+            - {name: r, kind: rest, endpoints: ["10.0.0.5:80"]}
+          routes:
+            - {path: /v, target: v}
+            - {path: /o, target: o}
+            - {path: /t, target: t}
+            - {path: /x, target: x}
+            - {path: /r, target: r}
+        """)
+    clusters = {c["name"]: c for c in render(load_file(p), workers=1)["static_resources"]["clusters"]}
+    for name, kind, server_default in (("v", "vllm", 5), ("o", "openai", 5), ("t", "triton", 5),
+                                       ("x", "onnxruntime", 5), ("r", "rest", 2)):
+        opts = clusters[name]["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        common = opts["common_http_protocol_options"]
+        assert float(common["idle_timeout"].rstrip("s")) == UPSTREAM_IDLE_TIMEOUT[kind] < server_default
+        assert common["max_requests_per_connection"] < 1000
+        assert clusters[name]["outlier_detection"]["enforcing_consecutive_5xx"] == 0  # answers never eject
+        assert clusters[name]["circuit_breakers"]["thresholds"][0]["max_retries"] > 3
