@@ -565,9 +565,9 @@ class _Checker:
                 self.add(pptr, "parameter needs a string 'name'" if name is None
                          else f"parameter name must be a string, not {_type_name(name)}")
                 continue
-            if loc not in locations:
-                self.add(f"{pptr}/in", f"parameter 'in' must be one of {', '.join(sorted(locations))}, "
-                         f"not {loc!r}")
+            if not isinstance(loc, str) or loc not in locations:  # a list or mapping is not hashable
+                shown = repr(loc) if loc is None or isinstance(loc, str) else _type_name(loc)
+                self.add(f"{pptr}/in", f"parameter 'in' must be one of {', '.join(sorted(locations))}, not {shown}")
                 continue
             if loc == "path" and p.get("required") is not True:
                 self.add(pptr, f"path parameter {name!r} must have 'required: true'")
@@ -629,7 +629,9 @@ class _Checker:
             t = schema["type"]
             types = t if isinstance(t, list) and self.version == "3.1" else [t]
             for x in types:
-                if x not in allowed or (x == "null" and self.version != "3.1"):
+                if not isinstance(x, str):  # a list or mapping is not hashable
+                    self.add(f"{ptr}/type", f"schema type must be a string, not {_type_name(x)}")
+                elif x not in allowed or (x == "null" and self.version != "3.1"):
                     self.add(f"{ptr}/type", f"unknown schema type {x!r}" + (
                         " (use 'nullable: true' before OpenAPI 3.1)" if x == "null" else ""))
         if "properties" in schema and self.expect(schema["properties"], dict, f"{ptr}/properties", "properties"):

@@ -95,6 +95,11 @@ BAD = [
      "/paths/~1a/post/operationId", "must be unique"),
     ("request-body-no-content", doc_with(paths={"/a": {"post": op(requestBody={})}}), "/paths/~1a/post/requestBody",
      "'content'"),
+    # found by tests/fuzz/test_fuzz_openapi.py: a list or mapping here raised TypeError (unhashable)
+    ("param-in-list", doc_with(paths={"/a": {"get": op(parameters=[{"name": "x", "in": [], "schema": {}}])}}),
+     "/paths/~1a/get/parameters/0/in", "parameter 'in' must be one of cookie, header, path, query, not an array"),
+    ("type-mapping", doc_with(components={"schemas": {"A": {"type": {"$ref": "#"}}}}),
+     "/components/schemas/A/type", "schema type must be a string, not an object"),
 ]
 
 
