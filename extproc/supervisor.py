@@ -214,7 +214,7 @@ class Supervisor:
             if not ctl.controlled:
                 continue
             try:
-                if ctl.tick() or ctl.needs_apply():
+                if (ctl.tick() or ctl.needs_apply()) and not self._stopping.is_set():
                     self.reload(reason="canary")
             except Exception:  # noqa: BLE001 - the loop must outlive one bad tick
                 log.exception("canary controller tick failed")
