@@ -26,6 +26,7 @@ import pytest
 from extproc.cli import main
 from extproc.stack import stop_process
 from extproc.supervisor import Supervisor
+from tests.e2e.conftest import wait_metric
 
 pytestmark = pytest.mark.e2e
 
@@ -150,6 +151,9 @@ def test_a_fast_plan_promotes_identical_arms_to_100_rolls_a_failing_canary_back_
     assert set(failed) == {"error"} and failed["error"]["errors_canary"] >= 30
     assert doc["arms"]["canary"]["weight_percent"] == 0 and time.monotonic() - t0 < 30
     assert load.codes[200] > 0 and load.codes[503] > 0  # the canary's requests failed until the rollback
+    url = f"{st.processor_admin_url}/metrics"  # the per-arm counter saw the canary's failures
+    assert wait_metric(url, "adapter_processor_variant_requests_total", 30, route="comp", rollout="gpt-v3",
+                       arm="canary", outcome="backend_error") >= 30
     with httpx.Client(timeout=20) as client:  # everyone on the baseline, forcing off
         for i in range(20):
             r = client.post(f"{st.url}/v1/completions", json=COMP, headers={"x-user-id": f"u{i}", "x-canary": "true"})
