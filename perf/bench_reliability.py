@@ -54,7 +54,8 @@ VARIANTS = ("shipped", "retry-only", "outlier-only", "neither")
 COUNTERS = ("cluster.adapter_processor.upstream_rq_retry", "cluster.adapter_processor.upstream_rq_retry_success",
             "cluster.adapter_processor.outlier_detection.ejections_enforced_total",
             "cluster.adapter_processor.health_check.failure", "cluster.llm.upstream_rq_retry",
-            "cluster.llm.upstream_rq_retry_success", "cluster.llm.upstream_cx_max_requests",
+            "cluster.llm.upstream_rq_retry_success", "cluster.llm.outlier_detection.ejections_enforced_total",
+            "cluster.llm.upstream_rq_retry_overflow", "cluster.adapter_processor.upstream_rq_retry_overflow", "cluster.llm.upstream_cx_max_requests",
             "cluster.llm.upstream_cx_idle_timeout", "cluster.llm.upstream_cx_destroy_remote_with_active_rq",
             "cluster.echo.upstream_cx_idle_timeout", "cluster.ort.upstream_cx_idle_timeout")
 
