@@ -38,8 +38,8 @@ The file's weight for the ramped arm is ignored while a plan controls it.
 
 State directory (`spec.processor.stateDir`, default `.adapter-state` beside the config file): per
 rollout `<name>.plan.json` (`canary.plan.PlanState`, atomic replace) and `<name>.control.json`
-(`{"format": 1, "rollout", "fingerprint", "events": [the last EVENTS_KEPT changing events]}`, atomic
-replace). Plans use wall time (a dwell survives a restart); windows use the feed's monotonic clock and
+(`{"format": 1, "rollout", "fingerprint", "events": [the last EVENTS_KEPT changing events],
+"last_hold": the last hold whose reason changed}`, atomic replace). Plans use wall time (a dwell survives a restart); windows use the feed's monotonic clock and
 restart empty with the supervisor.
 
 Operator actions (`action(name, "promote" | "rollback" | "pause" | "resume", reason)`) call the
@@ -198,12 +198,14 @@ class Controller:
     def control_path(self, name: str) -> Path:
         return self.state_dir / f"{name}.control.json"
 
-    def _save(self, rc: RolloutControl) -> None:
+    def _save(self, rc: RolloutControl, plan: bool = True) -> None:
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            rc.plan.save(self.plan_path(rc.name))
+            if plan:
+                rc.plan.save(self.plan_path(rc.name))
             _write_json(self.control_path(rc.name), {"format": FORMAT, "rollout": rc.name,
-                                                     "fingerprint": rc.fingerprint, "events": list(rc.events)})
+                                                     "fingerprint": rc.fingerprint, "events": list(rc.events),
+                                                     "last_hold": rc.last_hold})
         except OSError as e:
             log.error("canary %s: cannot save its state in %s: %s (the plan goes on in memory)", rc.name,
                       self.state_dir, e)
@@ -266,6 +268,7 @@ class Controller:
                 else:
                     rc = RolloutControl(ref, plan, Windows(cfg.window), fp)
                     rc.events.extend(e for e in saved.get("events", ()) if isinstance(e, dict))
+                    rc.last_hold = saved.get("last_hold") if isinstance(saved.get("last_hold"), dict) else None
                     return rc, (f"resumed from {self.plan_path(name)}: {plan.status} at "
                                 f"{plan.weight_bp / 100:g} % (step {plan.state.step + 1} of "
                                 f"{len(plan.state.steps_bp)})")
@@ -373,9 +376,11 @@ class Controller:
                     changed = True
                 else:
                     d = ev.to_dict()
-                    if rc.last_hold is None or _shape(rc.last_hold.get("reason")) != _shape(d["reason"]):
-                        self._log(rc, d, "")  # a hold is logged when its reason changes, not its numbers
+                    new = rc.last_hold is None or _shape(rc.last_hold.get("reason")) != _shape(d["reason"])
                     rc.last_hold = d
+                    if new:  # a hold is logged and saved when its reason changes, not its numbers
+                        self._log(rc, d, "")
+                        self._save(rc, plan=False)
         return changed
 
     def _record(self, rc: RolloutControl, ev: Event) -> None:

@@ -242,3 +242,8 @@ def test_holds_are_logged_when_their_reason_changes_not_every_tick(tmp_path, cap
     holds = [r for r in caplog.records if '"kind": "hold"' in r.getMessage()]
     assert len(holds) == 1 and "inconclusive" in holds[0].getMessage()
     assert ctl.status("ro")["ro"]["last_hold"]["evidence"]["samples"] == {"stable": 25, "canary": 25}
+    saved = json.loads((tmp_path / "state" / "ro.control.json").read_text())
+    assert "inconclusive" in saved["last_hold"]["reason"]  # kept in the state with its evidence
+    again = controller(tmp_path, clock)
+    again.commit(again.prepare(snapshot()))
+    assert "inconclusive" in again.status("ro")["ro"]["last_hold"]["reason"]
