@@ -21,7 +21,7 @@ class BodyLimit:
 
     def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         declared = (msg.headers or {}).get("content-length")
-        if declared and declared.isdigit():
+        if declared and declared.isascii() and declared.isdigit():  # "²".isdigit() but int("²") fails
             return check_length(state, int(declared))
         return None
 
