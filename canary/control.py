@@ -168,9 +168,15 @@ class Pending:
     rollouts: dict[str, RolloutControl]
     known: tuple[str, ...]
     started: list[tuple[RolloutControl, Event | None, str]]  # new ramps or resumed ones, with why
+    base: dict[str, RolloutControl] = field(default_factory=dict)  # kept rollouts: the object each was copied from
+    published: dict[str, dict] = field(default_factory=dict)  # the overrides as of prepare (what is published)
+
+    def __post_init__(self) -> None:
+        if not self.published:
+            self.published = {n: rc.override() for n, rc in sorted(self.rollouts.items())}
 
     def overrides(self) -> dict[str, dict]:
-        return {n: rc.override() for n, rc in sorted(self.rollouts.items())}
+        return dict(self.published)
 
 
 class Controller:
@@ -231,6 +237,7 @@ class Controller:
         """Reconcile with `snapshot`'s rollouts (nothing is installed yet: see `commit`)."""
         with self._lock:
             out: dict[str, RolloutControl] = {}
+            base: dict[str, RolloutControl] = {}
             started: list[tuple[RolloutControl, Event | None, str]] = []
             for name, ref in snapshot.rollouts.items():
                 if ref.control is None:
@@ -245,11 +252,12 @@ class Controller:
                     if ref.control.window != old.windows.config:
                         rc.windows = Windows(ref.control.window)
                     out[name] = rc
+                    base[name] = old
                     continue
                 rc, why = self._resume_or_start(ref, fp, replaced=old is not None)
                 out[name] = rc
                 started.append((rc, rc.plan.last_event if why.startswith("new") else None, why))
-            return Pending(out, tuple(snapshot.rollouts), started)
+            return Pending(out, tuple(snapshot.rollouts), started, base)
 
     def _resume_or_start(self, ref: Any, fp: str, replaced: bool) -> tuple[RolloutControl, str]:
         name, cfg = ref.name, ref.control
@@ -292,10 +300,16 @@ class Controller:
                                                       "status": rc.plan.status, "weight_bp": rc.plan.weight_bp},
                                                      sort_keys=True))
                 self._save(rc)
-            for rc in pending.rollouts.values():
-                ov = rc.override()
-                if rc.live != ov:
-                    rc.live = ov
+            for name, rc in pending.rollouts.items():
+                old = pending.base.get(name)
+                if old is not None and old.plan.state != rc.plan.state:
+                    # a tick (or an operator) moved the plan while the config was being published: keep
+                    # that move; it is not live yet (needs_apply), so the loop publishes it next
+                    rc.plan.state, rc.plan.last_event = old.plan.state, old.plan.last_event
+                    rc.verdict, rc.last_hold, rc.next_judge = old.verdict, old.last_hold, old.next_judge
+                published = pending.published.get(name)
+                if rc.live != published:
+                    rc.live = published
                     rc.since = now
                     rc.windows.clear()
             self._rollouts = pending.rollouts

@@ -247,3 +247,17 @@ def test_holds_are_logged_when_their_reason_changes_not_every_tick(tmp_path, cap
     again = controller(tmp_path, clock)
     again.commit(again.prepare(snapshot()))
     assert "inconclusive" in again.status("ro")["ro"]["last_hold"]["reason"]
+
+
+def test_a_plan_move_during_a_publish_is_kept_and_published_next(tmp_path):
+    clock = Clock()
+    ctl = start(tmp_path, clock)
+    pending = ctl.prepare(snapshot())  # a reload begins: the config is compiled with 10 %
+    assert pending.overrides()["ro"]["weights"] == {"canary": 1000}
+    ctl.action("ro", "promote")  # meanwhile: 50 %
+    ctl.commit(pending)  # the published config serves 10 %
+    assert ctl.overrides()["ro"]["weights"] == {"canary": 5000}  # the move is not lost ...
+    assert ctl.needs_apply()  # ... and not taken for live
+    assert ctl.status("ro")["ro"]["live"] is False
+    apply(ctl)
+    assert ctl.status("ro")["ro"]["plan"]["weight_bp"] == 5000
