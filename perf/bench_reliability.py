@@ -10,7 +10,8 @@ streams, like `h2load -c 8 -m 4`):
              passthrough closed and open), once per variant of the processor's failure settings:
              shipped (stream retry policy + outlier ejection), retry only, outlier only, neither
              (what each contributes; `--variants` to choose);
-  endpoint   one of the LLM backend's two simulators SIGKILLed a quarter of the way in;
+  endpoint   one of the LLM backend's two simulators SIGKILLed a quarter of the way in; then, on a
+             fresh stack, one stopped with SIGTERM (hypercorn's graceful stop: GOAWAY);
   churn      `--seconds` of load on the LLM routes (h2c: connections retired at max requests), then
              3 bursts each followed by 5.2 s idle (the backends' keep-alive is 5 s);
   reloads    `--reloads` reloads under load cycling through every kind of change (routes added,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import signal
 import sys
 import tempfile
 import time
@@ -161,6 +163,11 @@ def scenario(name: str, args: argparse.Namespace, tmp: Path, procs: Procs) -> li
             st, sims, *_ = reliability_stack(tmp / "endpoint", procs)
             report = rel.endpoint_kill(st, sims[0].proc, args.seconds, args.seconds / 4)
             out.append(("backend endpoint SIGKILL", report, stats_of(st), "llm backend: 2 simulators (h2c), one killed"))
+            procs.stop()
+            st, sims, *_ = reliability_stack(tmp / "endpoint-term", procs)
+            report = rel.endpoint_kill(st, sims[0].proc, args.seconds, args.seconds / 4, sig=signal.SIGTERM)
+            out.append(("backend endpoint SIGTERM", report, stats_of(st),
+                        "llm backend: 2 simulators (h2c), one stopped gracefully (reset streams, GOAWAY)"))
             procs.stop()
     elif name == "churn":
         with variant("shipped"):

@@ -160,10 +160,10 @@ def worker_kill(st: Stack, seconds: float, kill_at: float, requests: list[Req] =
 
 
 def endpoint_kill(st: Stack, victim: subprocess.Popen, seconds: float, kill_at: float,
-                  requests: list[Req] = STEADY) -> Report:
+                  requests: list[Req] = STEADY, sig: int = signal.SIGKILL) -> Report:
     with Load(st.url, requests) as load:
         time.sleep(kill_at)
-        victim.send_signal(signal.SIGKILL)
+        victim.send_signal(sig)
         time.sleep(seconds - kill_at)
     return load.report
 
@@ -277,12 +277,15 @@ def test_a_killed_worker_fails_at_most_the_streams_it_had_answered(tmp_path, bac
             assert client.get(st.url + "/echo/again").status_code == 200
 
 
-def test_a_killed_backend_endpoint_beside_a_live_one_fails_nothing(tmp_path, backends, stack_factory):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_backend_endpoint_killed_or_stopped_beside_a_live_one_fails_nothing(tmp_path, backends, stack_factory, sig):
+    """SIGKILL: connections refused and reset (retried on the other host). SIGTERM: hypercorn's
+    graceful stop, new streams reset and the connection ended with GOAWAY (the same)."""
     sims, echoes = backends
     cfg = write_config(tmp_path / "gw.yaml", Topology([s.id for s in sims], [e.id for e in echoes]))
     st = start_stack(stack_factory, cfg)
-    report = endpoint_kill(st, sims[0].proc, seconds=6, kill_at=2)
-    print(f"\nbackend endpoint SIGKILL under load: {report.summary()}")
+    report = endpoint_kill(st, sims[0].proc, seconds=6, kill_at=2, sig=sig)
+    print(f"\nbackend endpoint {sig.name} under load: {report.summary()}")
     assert report.failed == 0, report.summary() + "\n" + "\n".join(report.samples)
     stats = envoy_stats(st)
     assert stats.get("cluster.llm.upstream_rq_retry", 0) > 0  # it took retries, on the other host
