@@ -69,7 +69,7 @@ class OpenAIAdapter:
         u = response.get("usage") if isinstance(response, dict) else None
         if not isinstance(u, dict):
             return Usage()
-        return Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0))
+        return Usage(_tokens(u.get("prompt_tokens")), _tokens(u.get("completion_tokens")))
 
     def decode(self, route: Any, status: int, body: bytes) -> dict[str, Any]:
         try:
@@ -114,3 +114,11 @@ class VllmAdapter(OpenAIAdapter):
         "kv_cache_utilisation": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         "time_to_first_token": ("vllm:time_to_first_token_seconds",),
     })
+
+
+def _tokens(value: Any) -> int:
+    """A token count as the backend reported it; 0 when it is not a number (a list, an object)."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        return 0

@@ -107,3 +107,12 @@ def test_kserve_without_metadata_infers_datatypes():
     body = orjson.loads(route.backend.adapter.encode(route, {"ids": [[1, 2]], "text": ["a"], "on": [True]}).body)
     assert [(i["name"], i["datatype"], i["shape"]) for i in body["inputs"]] == [
         ("ids", "INT64", [1, 2]), ("text", "BYTES", [1]), ("on", "BOOL", [1])]
+
+
+def test_openai_usage_that_is_not_a_number_counts_nothing():
+    """Found by tests/fuzz/test_fuzz_stream.py: `int()` of a list or object in a backend's `usage`
+    raised TypeError in decode-response and openai-usage (500 stage_error for an answer already made)."""
+    adapter = adapter_kinds()["openai"]()
+    for prompt, completion, expect in (([None], 3, Usage(0, 3)), ({"a": 1}, "x", Usage()), (2, [1], Usage(2, 0)),
+                                       ("5", 1.0, Usage(5, 1))):
+        assert adapter.usage({"usage": {"prompt_tokens": prompt, "completion_tokens": completion}}) == expect
