@@ -122,6 +122,19 @@ def test_row_schema_and_values():
     json.dumps({"rows": [r]})  # serialisable as the results file
 
 
+def test_pooled_row_takes_percentiles_over_all_segments_and_tokens_over_their_summed_windows():
+    a = [br.Result(ok=True, ttft=0.1, itls=[0.01], tokens=10, end=12.0)]  # window 10..12: 2 s
+    b = [br.Result(ok=True, ttft=0.5, itls=[0.03], tokens=30, end=103.0),  # window 100..103: 3 s
+         br.Result(ok=False, status=503, end=101.0)]
+    r = br.pooled_row("shared-prefix", 0.8, "adapter-gateway", [(a, 10.0), (b, 100.0)], {"x": 1.0})
+    assert r["requests"] == 3 and r["success_rate"] == pytest.approx(2 / 3, abs=1e-4)
+    assert r["ttft_p50_ms"] == pytest.approx(300.0)  # over both segments' TTFTs (100 and 500 ms)
+    assert r["itl_p50_ms"] == pytest.approx(20.0)
+    assert r["output_tokens_per_s"] == 8.0  # 40 tokens over 2 s + 3 s, not over 10..103
+    one = br.pooled_row("shared-prefix", 0.8, "adapter-gateway", [(a, 10.0)], {"x": 1.0})
+    assert one == br.row("shared-prefix", 0.8, "adapter-gateway", a, 10.0, {"x": 1.0})
+
+
 def test_every_policy_config_loads(tmp_path):
     from extproc.config.loader import load_file
 
