@@ -15,7 +15,7 @@ MLSERVER := $(MLSERVER_VENV)/bin/python
 CONFIG ?= examples/finance-llm-adapter.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test setup envoy ebpf-setup perf render clean mutation
+.PHONY: run test setup envoy ebpf-setup h2load-setup perf render clean mutation
 
 run: setup
 	$(VENV)/bin/adapterctl up $(CONFIG) --simulate
@@ -28,7 +28,7 @@ test: setup
 	$(VENV)/bin/python -m coverage report; \
 	exit $$rc
 
-setup: $(STAMP) $(ENVOY) ebpf-setup $(MLSERVER)
+setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup $(MLSERVER)
 
 # MLServer, an independent KServe v2 server the Triton adapter is tested against. Its own venv:
 # it needs protobuf<7, the project pins protobuf 7. A failed install only skips that test (it says why).
@@ -36,6 +36,15 @@ $(MLSERVER):
 	$(PY) -m venv $(MLSERVER_VENV)
 	$(MLSERVER_VENV)/bin/pip install --quiet --disable-pip-version-check mlserver==1.7.1 mlserver-sklearn==1.7.1 \
 		|| echo "mlserver: install failed; tests/e2e/test_mlserver.py will skip"
+
+# h2load (Debian nghttp2-client): the HTTP/2 load generator of tests/e2e/test_reliability.py and
+# perf/bench_reliability.py (a client that handles GOAWAY as RFC 9113 says). Installed once, as root
+# with apt-get; otherwise one line, and the tests that need it skip saying why.
+h2load-setup:
+	@command -v h2load >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client >/dev/null 2>&1; }; } \
+		&& echo "h2load installed (nghttp2-client)"; } || echo "h2load: not installed (needs root and apt-get); tests that use it skip"
 
 # BCC, kernel headers, tracefs for the tenant agent (as root; prints one line and goes on otherwise).
 ebpf-setup:
