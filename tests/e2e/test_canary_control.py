@@ -7,6 +7,7 @@
 - `gpt-v3` (route `comp`) rolls back to 0 % once its canary simulator is stopped (Envoy answers 503
   for it: `backend_error`, an error in the feed), within a bounded time; afterwards every request is
   on the baseline, and `x-canary` forcing is off.
+- A worker killed in between is restarted with a new feed file, which the controller reads.
 - Both states survive a supervisor restart (the saved plans, not the file's 10 %).
 Checked with `adapterctl canary status --json`, the `x-adapter-variant` header and the per-arm counter.
 """
@@ -14,6 +15,9 @@ Checked with `adapterctl canary status --json`, the `x-adapter-variant` header a
 from __future__ import annotations
 
 import json
+import os
+import signal
+import struct
 import threading
 import time
 from collections import Counter
@@ -136,6 +140,16 @@ def test_a_fast_plan_promotes_identical_arms_to_100_rolls_a_failing_canary_back_
                             headers={"x-user-id": f"u{i}"}).headers.get("x-adapter-variant") for i in range(20)}
     assert seen == {"gpt-v2/canary"}
 
+    # a worker restarts (SIGKILL; the supervisor starts a new process with a new feed file)
+    sup = st.supervisor
+    feed0 = Path(sup.feed_dir) / "canary-feed-0.bin"
+    inode = feed0.stat().st_ino
+    os.kill(sup.workers[0].proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while not (sup.workers[0].restarts == 1 and sup.workers[0].ready and sup.alive()):
+        assert time.monotonic() < deadline, "the worker was not restarted"
+        time.sleep(0.1)
+
     # the canary of gpt-v3 fails (its simulator stops: Envoy answers 503): rolled back to 0 %
     stop_process(st.simulators["gpt-broken"][0])
     t0 = time.monotonic()
@@ -150,6 +164,10 @@ def test_a_fast_plan_promotes_identical_arms_to_100_rolls_a_failing_canary_back_
     failed = {m["metric"]: m for m in ev["evidence"]["verdict"]["metrics"] if m["verdict"] == "fail"}
     assert set(failed) == {"error"} and failed["error"]["errors_canary"] >= 30
     assert doc["arms"]["canary"]["weight_percent"] == 0 and time.monotonic() - t0 < 30
+    # the restarted worker wrote a new file, and the controller read it
+    assert feed0.stat().st_ino != inode and struct.unpack_from("<Q", feed0.read_bytes(), 24)[0] > 0
+    tail = sup.controller.reader._tails[feed0.name]
+    assert tail.ino == feed0.stat().st_ino and tail.cursor > 0
     assert load.codes[200] > 0 and load.codes[503] > 0  # the canary's requests failed until the rollback
     url = f"{st.processor_admin_url}/metrics"  # the per-arm counter saw the canary's failures
     assert wait_metric(url, "adapter_processor_variant_requests_total", 30, route="comp", rollout="gpt-v3",
