@@ -11,15 +11,17 @@ was accepted). The suite runs each target with `SUITE` (derandomized: the same e
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import signal
 import threading
 
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 # the suite's profile: deterministic (derandomize: examples derived from the test's name), no
 # example database (nothing carried between runs), no wall-clock deadline (the machine is shared)
-SUITE = settings(max_examples=60, derandomize=True, database=None, deadline=None, print_blob=False,
+SUITE = settings(max_examples=200, derandomize=True, database=None, deadline=None, print_blob=False,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                         HealthCheck.filter_too_much, HealthCheck.large_base_example])
 CASE_LIMIT_S = 10.0  # a case running longer than this is a hang (a case takes milliseconds)
@@ -67,3 +69,14 @@ def refusal_class(message: str, limit: int = 120) -> str:
     text = _NUMBER.sub("N", text)
     text = _SPACE.sub(" ", text).strip()
     return text[:limit]
+
+
+@functools.cache
+def _sampled(options: tuple) -> st.SearchStrategy:
+    return st.sampled_from(options)
+
+
+def pick(options) -> st.SearchStrategy:
+    """`st.sampled_from(options)` built once per distinct (hashable) option list: inside a composite
+    strategy, building and validating a new strategy on every draw costs more than the draw."""
+    return _sampled(tuple(options))

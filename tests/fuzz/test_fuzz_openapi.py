@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from extproc.semantic.openapi import Problem, SpecError, load_spec
 from extproc.semantic.toolcall import ToolCallError, build_request, check_arguments
 from extproc.semantic.tools import anthropic_tools, build_tools, mcp_tool_list, openai_tools
-from tests.fuzz.harness import SUITE, Finding, refusal_class, time_limit
+from tests.fuzz.harness import SUITE, Finding, pick, refusal_class, time_limit
 from tests.fuzz.test_fuzz_config import _copy, _get, _paths
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "openapi"
@@ -71,7 +71,7 @@ def mutate_doc(draw, doc):
     for _ in range(draw(st.integers(1, 4))):
         paths = list(_paths(doc))
         path = draw(st.sampled_from(paths))
-        how = draw(st.sampled_from(["drop", "dup", "retype", "null", "ref", "selfref", "extra", "copy-op", "swap"]))
+        how = draw(pick(["drop", "dup", "retype", "null", "ref", "selfref", "extra", "copy-op", "swap"]))
         if not path:
             continue
         parent, key = _get(doc, path[:-1]), path[-1]
@@ -93,11 +93,11 @@ def mutate_doc(draw, doc):
                                     for p in path[:draw(st.integers(0, len(path)))])
             parent[key] = {"$ref": pointer}
         elif how == "extra" and isinstance(current, dict):
-            current[draw(st.sampled_from(["type", "$ref", "properties", "items", "required", "in", "name", "style",
+            current[draw(pick(["type", "$ref", "properties", "items", "required", "in", "name", "style",
                                           "explode", "allOf", "x-extra"]))] = draw(value)
         elif how == "copy-op" and isinstance(doc.get("paths"), dict) and doc["paths"]:
             src = draw(st.sampled_from(sorted(doc["paths"], key=str)))
-            doc["paths"][draw(st.sampled_from(["/copy/{id}", "/copy", "/{a}/{a}", "copy", "/x/{petId}", "/é"]))] = \
+            doc["paths"][draw(pick(["/copy/{id}", "/copy", "/{a}/{a}", "copy", "/x/{petId}", "/é"]))] = \
                 _copy(doc["paths"][src])
         elif how == "swap":
             other = _get(doc, draw(st.sampled_from(paths)))
@@ -107,7 +107,7 @@ def mutate_doc(draw, doc):
 
 @st.composite
 def mutate_bytes(draw, data: bytes) -> bytes:
-    how = draw(st.sampled_from(["cut", "flip", "bom16", "nul", "insert"]))
+    how = draw(pick(["cut", "flip", "bom16", "nul", "insert"]))
     i = draw(st.integers(0, len(data)))
     if how == "cut":
         return data[:i]
@@ -118,7 +118,7 @@ def mutate_bytes(draw, data: bytes) -> bytes:
         return b"\xff\xfe" + data.decode("utf-8", "replace").encode("utf-16-le")
     if how == "nul":
         return data[:i] + b"\x00" + data[i:]
-    return data[:i] + draw(st.sampled_from([b":", b"- ", b"{", b"[", b"&a ", b"*a", b"!!python/object:os.system ",
+    return data[:i] + draw(pick([b":", b"- ", b"{", b"[", b"&a ", b"*a", b"!!python/object:os.system ",
                                             b"\t", b"\n  ", b"'", b"\xff"])) + data[i:]
 
 
@@ -138,21 +138,24 @@ class OpenAPICase:
         return f"OpenAPICase(calls={self.calls!r}, data=<<<\n{self.data.decode('utf-8', 'backslashreplace')}\n>>>)"
 
 
+_CALLS = st.lists(st.tuples(st.integers(0, 20), st.dictionaries(
+        st.sampled_from(["petId", "limit", "id", "name", "tag", "body", "query_id", "owner", "repo"]) | st.text(max_size=6),
+        args_value, max_size=4) | args_value), max_size=3)
+_RANDOM_DOC = value | st.fixed_dictionaries({"openapi": st.sampled_from(["3.0.0", "3.1.0"]), "info": value, "paths": value})
+
+
 @st.composite
 def openapi_cases(draw) -> OpenAPICase:
-    name, data, doc = draw(st.sampled_from(fixtures()))
-    how = draw(st.sampled_from(["doc", "doc", "doc", "bytes", "random", "as-is"]))
+    name, data, doc = fixtures()[draw(pick(range(len(fixtures()))))]
+    how = draw(pick(["doc", "doc", "doc", "bytes", "random", "as-is"]))
     if how == "doc":
         doc = draw(mutate_doc(doc))
         data = orjson.dumps(doc) if draw(st.booleans()) else yaml.safe_dump(doc, allow_unicode=True).encode()
     elif how == "bytes":
         data = draw(mutate_bytes(data))
     elif how == "random":
-        data = json.dumps(draw(value | st.fixed_dictionaries({"openapi": st.sampled_from(["3.0.0", "3.1.0"]),
-                                                              "info": value, "paths": value}))).encode()
-    calls = draw(st.lists(st.tuples(st.integers(0, 20), st.dictionaries(
-        st.sampled_from(["petId", "limit", "id", "name", "tag", "body", "query_id", "owner", "repo"]) | st.text(max_size=6),
-        args_value, max_size=4) | args_value), max_size=3))
+        data = json.dumps(draw(_RANDOM_DOC)).encode()
+    calls = draw(_CALLS)
     return OpenAPICase(data, tuple(calls))
 
 

@@ -61,9 +61,11 @@ class _Logged(logging.Handler):
     def __init__(self):
         super().__init__(logging.ERROR)
         self.records: list[logging.LogRecord] = []
+        self.armed = False  # records only while a case runs (the handler stays for the process)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+        if self.armed:
+            self.records.append(record)
 
 
 @dataclass
@@ -121,6 +123,7 @@ def _dumps(value) -> bytes:
     return json.dumps(value, ensure_ascii=False).encode()
 
 
+@cache  # a strategy is built (and validated) once per kind, not per draw
 def _doc(kind: str) -> st.SearchStrategy:
     """A plausible request body of `kind`, as a JSON value (sometimes any JSON value at all)."""
     model = st.sampled_from(["qwen2.5-finance", "fraud-mlp", "", "nope"]) | text
@@ -228,6 +231,7 @@ def _msg(kind: str, *, headers=(), body=b"", eos=False, attributes=None, protoco
     return req
 
 
+@cache
 def _response_body(kind: str) -> st.SearchStrategy:
     output = json_value | st.fixed_dictionaries({"amount": json_value, "account": json_value})
     chat = st.builds(lambda content, usage: {"id": "c", "object": "chat.completion", "choices": [
@@ -392,7 +396,11 @@ def check(case: StreamCase) -> str | None:
         except TimeoutError:
             raise Hang(f"stream did not end within {CASE_LIMIT_S:g} s") from None
 
-    replies = h.loop.run_until_complete(bounded())
+    h.logged.armed = True
+    try:
+        replies = h.loop.run_until_complete(bounded())
+    finally:
+        h.logged.armed = False
     for record in h.logged.records:
         exc = record.exc_info[1] if record.exc_info else None
         if not (isinstance(exc, RuntimeError) and str(exc) == TRANSPORT_ERROR):

@@ -41,19 +41,25 @@ def _quoted_key(key: str, quote: str) -> str:
     return quote + (body.replace("'", "\\'") if quote == "'" else body) + quote
 
 
+# strategies built once (building one per draw costs more than the draw)
+_STEP_KINDS = st.sampled_from(["name", "index", "star", "key"])
+_INDEX = st.integers(-3, 3) | st.integers(-2**70, 2**70)
+_QUOTES = st.sampled_from(["'", '"'])
+
+
 @st.composite
 def path_src(draw) -> str:
     steps = []
     for _ in range(draw(st.integers(0, 4))):
-        kind = draw(st.sampled_from(["name", "index", "star", "key"]))
+        kind = draw(_STEP_KINDS)
         if kind == "name":
             steps.append("." + draw(simple_name))
         elif kind == "index":
-            steps.append(f"[{draw(st.integers(-3, 3) | st.integers(-2**70, 2**70))}]")
+            steps.append(f"[{draw(_INDEX)}]")
         elif kind == "star":
             steps.append("[*]")
         else:
-            steps.append("[" + _quoted_key(draw(name_text), draw(st.sampled_from(["'", '"']))) + "]")
+            steps.append("[" + _quoted_key(draw(name_text), draw(_QUOTES)) + "]")
     return "$" + "".join(steps)
 
 
@@ -80,35 +86,43 @@ PAYLOADS = ["__import__('os').system('true')", "{{7*7}}", "${7*7}", "`id`", "$(i
 SIGNIFICANT = "{}[]$.?*'\"\\#,: \t\n\r-0123456789aetrunlfx_\u00e9\u0301\u3000\u2028"
 
 
+_EDITS = st.sampled_from(["delete", "insert", "swap", "cut", "payload"])
+_SIGNIFICANT_CHAR = st.sampled_from(SIGNIFICANT)
+_PAYLOAD = st.sampled_from(PAYLOADS)
+_SOURCES = st.sampled_from(["grammar", "grammar", "mutated", "mutated", "random", "payload"])
+_RANDOM_TEXT = st.text(_SIGNIFICANT_CHAR, max_size=40)
+_PREFIXES = st.sampled_from(["# 将LLM输出JSON结构映射为会计凭证schema\n", "  ", "\u3000", "# c\r\n"])
+
+
 @st.composite
 def mutate(draw, src: str) -> str:
     for _ in range(draw(st.integers(0, 3))):
-        how = draw(st.sampled_from(["delete", "insert", "swap", "cut", "payload"]))
+        how = draw(_EDITS)
         i = draw(st.integers(0, len(src)))
         if how == "delete" and src:
             src = src[:max(i - 1, 0)] + src[i:]
         elif how == "insert":
-            src = src[:i] + draw(st.sampled_from(SIGNIFICANT)) + src[i:]
+            src = src[:i] + draw(_SIGNIFICANT_CHAR) + src[i:]
         elif how == "swap" and len(src) > 1:
             j = min(i, len(src) - 2)
             src = src[:j] + src[j + 1] + src[j] + src[j + 2:]
         elif how == "cut":
             src = src[:i]
         elif how == "payload":
-            src = src[:i] + draw(st.sampled_from(PAYLOADS)) + src[i:]
+            src = src[:i] + draw(_PAYLOAD) + src[i:]
     return src
 
 
 @st.composite
 def template_src(draw) -> str:
-    how = draw(st.sampled_from(["grammar", "grammar", "mutated", "mutated", "random", "payload"]))
+    how = draw(_SOURCES)
     if how == "random":
-        return draw(st.text(st.sampled_from(SIGNIFICANT), max_size=40))
+        return draw(_RANDOM_TEXT)
     if how == "payload":
-        return draw(st.sampled_from(PAYLOADS))
+        return draw(_PAYLOAD)
     src = draw(value_src)
     if draw(st.booleans()):
-        src = draw(st.sampled_from(["# 将LLM输出JSON结构映射为会计凭证schema\n", "  ", "\u3000", "# c\r\n"])) + src
+        src = draw(_PREFIXES) + src
     return draw(mutate(src)) if how == "mutated" else src
 
 
