@@ -327,7 +327,7 @@ def _compile_plan(spec: Any, rollout: Any, base: tuple, issue: Any) -> Any:
     thresholds, the windows, the interval), checked as the controller will use it (the ramped arm
     is a canary, every step and a rollback from it monotone). None, reported, when refused."""
     from canary.control import ControlConfig
-    from canary.judge import ErrorRule, JudgeConfig, JudgeError, LatencyRule, WindowConfig
+    from canary.judge import JudgeConfig, JudgeError, WindowConfig
     from canary.plan import Plan, PlanConfig, PlanError
 
     fields = {"min_samples": "minSamples", "dwell_s": "dwell", "rollback_while_paused": "rollbackWhilePaused",
@@ -340,26 +340,39 @@ def _compile_plan(spec: Any, rollout: Any, base: tuple, issue: Any) -> Any:
         path = prefix + (fields.get(name, name),)
         return path + (int(index.rstrip("]")),) if index.rstrip("]").isdigit() else path
 
-    try:
-        plan = PlanConfig(steps=tuple(spec.steps), min_samples=spec.min_samples, dwell_s=spec.dwell,
-                          arm=spec.arm, rollback_while_paused=spec.rollback_while_paused)
+    def given(**kw: Any) -> dict[str, Any]:
+        return {k: v for k, v in kw.items() if v is not None}
+
+    try:  # absent fields: canary/plan.py's and canary/judge.py's defaults (one source of truth)
+        plan = replace(PlanConfig(), arm=spec.arm, **given(
+            steps=tuple(spec.steps) if spec.steps is not None else None, min_samples=spec.min_samples,
+            dwell_s=spec.dwell, rollback_while_paused=spec.rollback_while_paused))
     except PlanError as e:
         issue(where(base, e.field), e.reason)
         return None
     j = spec.judge
     judge_path = base + ("judge",)
+    d = JudgeConfig()
     try:
-        latency = LatencyRule(j.latency.margin_ms, tuple(j.latency.quantiles), j.latency.margin_ratio)
-        ttft = LatencyRule(j.ttft.margin_ms, tuple(j.ttft.quantiles), j.ttft.margin_ratio)
-        errors = ErrorRule(j.errors.max_rate_percent / 100, j.errors.margin_percent / 100)
-        min_samples = j.min_samples if j.min_samples is not None else max(2, min(200, spec.min_samples))
-        judge = JudgeConfig(alpha=j.alpha, error_alpha=j.error_alpha, min_samples=min_samples, latency=latency,
-                            ttft=ttft, errors=errors, metrics=tuple(dict.fromkeys(j.metrics)))
+        def rule(default: Any, r: Any) -> Any:
+            return replace(default, **given(margin_ms=r.margin_ms, margin_ratio=r.margin_ratio,
+                                            quantiles=tuple(r.quantiles) if r.quantiles is not None else None))
+
+        e_ = j.errors
+        errors = replace(d.errors, **given(
+            max_rate=e_.max_rate_percent / 100 if e_.max_rate_percent is not None else None,
+            margin=e_.margin_percent / 100 if e_.margin_percent is not None else None))
+        min_samples = j.min_samples if j.min_samples is not None else max(2, min(d.min_samples, plan.min_samples))
+        judge = replace(d, min_samples=min_samples, latency=rule(d.latency, j.latency), ttft=rule(d.ttft, j.ttft),
+                        errors=errors, **given(alpha=j.alpha, error_alpha=j.error_alpha,
+                                               metrics=tuple(dict.fromkeys(j.metrics)) if j.metrics is not None
+                                               else None))
     except JudgeError as e:
         issue(where(judge_path, e.field), e.reason)
         return None
+    w = spec.window
     try:
-        window = WindowConfig(spec.window.size, spec.window.error_size, spec.window.max_age)
+        window = replace(WindowConfig(), max_age_s=w.max_age, **given(size=w.size, error_size=w.error_size))
     except JudgeError as e:
         issue(where(base + ("window",), e.field), e.reason)
         return None

@@ -337,49 +337,50 @@ class RolloutKeySpec(_Model):
 class RolloutLatencyRuleSpec(_Model):
     """A latency-like metric's rule (`canary.judge.LatencyRule`): it fails when a quantile of the
     canary exceeds the baseline's by more than max(marginMs, marginRatio x the baseline's) and the
-    one-sided Mann-Whitney U test agrees."""
-    margin_ms: Annotated[float, Field(ge=0)] = 2.0
-    quantiles: tuple[Annotated[float, Field(ge=0, le=1)], ...] = (0.5, 0.99)
-    margin_ratio: Annotated[float, Field(ge=0)] = 0.0
+    one-sided Mann-Whitney U test agrees. Absent fields take canary/judge.py's defaults."""
+    margin_ms: Annotated[float, Field(ge=0)] | None = None
+    quantiles: tuple[Annotated[float, Field(ge=0, le=1)], ...] | None = None
+    margin_ratio: Annotated[float, Field(ge=0)] | None = None
 
 
 class RolloutErrorRuleSpec(_Model):
     """The error rule (`canary.judge.ErrorRule`), in percent: the canary fails when its error rate is
     at least `maxRatePercent`, more than `marginPercent` points above the baseline's, and Fisher's
-    exact test agrees."""
-    max_rate_percent: Annotated[float, Field(ge=0, le=100)] = 0.02
-    margin_percent: Annotated[float, Field(ge=0, le=100)] = 0.008
+    exact test agrees. Absent fields take canary/judge.py's defaults."""
+    max_rate_percent: Annotated[float, Field(ge=0, le=100)] | None = None
+    margin_percent: Annotated[float, Field(ge=0, le=100)] | None = None
 
 
 class RolloutJudgeSpec(_Model):
-    """The judge's thresholds (`canary.judge.JudgeConfig`); every field defaults to the brief's."""
-    alpha: Annotated[float, Field(gt=0, lt=1)] = 0.0001  # the U tests, per metric and judgement
-    error_alpha: Annotated[float, Field(gt=0, lt=1)] = 0.001  # the Fisher test
-    min_samples: Annotated[int, Field(ge=2)] | None = None  # per arm; default min(200, plan minSamples), >= 2
+    """The judge's thresholds (`canary.judge.JudgeConfig`); absent fields take its defaults (the
+    brief's thresholds), except `minSamples`: min(the judge's default, the plan's minSamples), >= 2."""
+    alpha: Annotated[float, Field(gt=0, lt=1)] | None = None  # the U tests, per metric and judgement
+    error_alpha: Annotated[float, Field(gt=0, lt=1)] | None = None  # the Fisher test
+    min_samples: Annotated[int, Field(ge=2)] | None = None  # per arm
     latency: RolloutLatencyRuleSpec = RolloutLatencyRuleSpec()
     ttft: RolloutLatencyRuleSpec = RolloutLatencyRuleSpec()
     errors: RolloutErrorRuleSpec = RolloutErrorRuleSpec()
-    metrics: tuple[Literal["latency_ms", "ttft_ms", "error"], ...] = ("latency_ms", "ttft_ms", "error")
+    metrics: tuple[Literal["latency_ms", "ttft_ms", "error"], ...] | None = None
 
 
 class RolloutWindowSpec(_Model):
     """The per-arm windows (`canary.judge.WindowConfig`): the last `size` latencies and TTFTs and
     the last `errorSize` error flags per arm, optionally no older than `maxAge`."""
-    size: Annotated[int, Field(ge=1, le=1_000_000)] = 2000
-    error_size: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000
+    size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    error_size: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     max_age: Duration | None = None
 
 
 class RolloutPlanSpec(_Model):
-    """Automatic control of a rollout (`canary/control.py`): a step plan (`canary.plan.PlanConfig`)
-    judged every `interval` on per-arm windows fed from every worker's finished requests.
-    Without a `plan:` block a rollout stays at its configured weights (manual)."""
-    steps: tuple[Percent, ...] = (1, 5, 25, 50, 100)  # percent of traffic on the ramped canary
-    min_samples: Annotated[int, Field(ge=0)] = 500  # per arm, for an automatic promotion
-    dwell: Duration = 300.0  # at least this long at a step before an automatic promotion
+    """Automatic control of a rollout (`canary/control.py`): a step plan (`canary.plan.PlanConfig`;
+    absent fields take its defaults) judged every `interval` on per-arm windows fed from every
+    worker's finished requests. Without a `plan:` block a rollout stays at its configured weights."""
+    steps: tuple[Percent, ...] | None = None  # percent of traffic on the ramped canary
+    min_samples: Annotated[int, Field(ge=0)] | None = None  # per arm, for an automatic promotion
+    dwell: Duration | None = None  # at least this long at a step before an automatic promotion
     interval: Duration = 1.0  # how often the controller judges
     arm: Annotated[str, Field(pattern=DNS_LABEL)] | None = None  # the ramped canary; default the first
-    rollback_while_paused: bool = True
+    rollback_while_paused: bool | None = None
     window: RolloutWindowSpec = RolloutWindowSpec()
     judge: RolloutJudgeSpec = RolloutJudgeSpec()
 
