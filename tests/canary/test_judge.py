@@ -270,7 +270,22 @@ def test_defaults_are_the_brief_thresholds():
     assert (c.latency.margin_ms, c.latency.quantiles, c.latency.margin_ratio) == (2.0, (0.5, 0.99), 0.0)
     assert c.ttft == c.latency
     assert (c.errors.max_rate, c.errors.margin) == (0.0002, 0.00008)  # 0.02 %, and 0.02 % - 0.012 %
-    assert (c.alpha, c.error_alpha, c.min_samples, c.metrics) == (1e-4, 1e-3, 200, METRICS)
+    assert (c.alpha, c.error_alpha, c.min_samples, c.metrics) == (1e-5, 1e-3, 200, METRICS)
+
+
+def test_the_default_alpha_is_1e_5_a_shift_significant_only_at_1e_4_passes():
+    """alpha went from 1e-4 to 1e-5 (perf/bench_canary.py: A/A ramps judged every 60 s gave 2 false
+    rollbacks in 100 at 1e-4, 0 in 300 at 1e-5). A canary 3 ms slower over 300 requests, beyond the
+    2 ms margin with p = 6.2e-5, fails at the old alpha and passes at the default."""
+    rng = random.Random(65)
+    b, c = arm(rng, 2000), arm(rng, 300, shift_ms=3.0)
+    old = judge(b, c, JudgeConfig(alpha=1e-4))
+    assert old.verdict == "fail" and old.failed == ("latency_ms",)
+    p = old.metric("latency_ms").evidence["p"]
+    assert 1e-5 < p < 1e-4
+    new = judge(b, c)
+    lat = new.metric("latency_ms")
+    assert new.verdict == "pass" and lat.evidence["alpha"] == 1e-5 and "not significant" in lat.reason
 
 
 def test_too_few_samples_is_inconclusive_with_the_counts():
@@ -288,7 +303,7 @@ def test_a_clear_latency_regression_fails_with_its_evidence():
     lat = v.metric("latency_ms")
     assert v.verdict == "fail" and v.failed == ("latency_ms",) and lat.verdict == "fail"
     ev = lat.evidence
-    assert ev["median_canary"] - ev["median_baseline"] > 8 and ev["p"] < 1e-4 and ev["alpha"] == 1e-4
+    assert ev["median_canary"] - ev["median_baseline"] > 8 and ev["p"] < 1e-5 and ev["alpha"] == 1e-5
     assert ev["quantiles"]["p50"]["limit"] == pytest.approx(ev["quantiles"]["p50"]["baseline"] + 2, abs=1e-5)
     assert set(ev["quantiles"]) == {"p50", "p99"} and ev["u"] > 300 * 2000 / 2
     assert "p50" in lat.reason and "U test p=" in lat.reason

@@ -334,7 +334,7 @@ def test_reload_keeps_the_previous_state_when_the_file_is_corrupt_or_for_another
 # Each trial: a plan 1 -> 5 -> 25 -> 50 -> 100 % (min_samples 500 per arm, dwell 300 s); traffic of
 # 1,000 requests per 60 s tick split by the plan's weight; every request observed into Windows (the
 # defaults: 2,000 latency and TTFT values, 10,000 error flags per arm); after each tick the judge
-# (defaults: alpha 1e-4 for the U tests, 1e-3 for Fisher, 200 samples per arm, +2 ms on p50/p99,
+# (defaults: alpha 1e-5 for the U tests, 1e-3 for Fisher, 200 samples per arm, +2 ms on p50/p99,
 # errors 0.02 % / 0.008 pp) and plan.advance; windows cleared at every transition (a new step is a new
 # population). Baseline: latency lognormal (median 24 ms, sigma 0.3), TTFT lognormal (median 150 ms,
 # sigma 0.35), errors 0.012 % (the brief's baseline).
