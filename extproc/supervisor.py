@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("extproc.supervisor")
 
 ACK_TIMEOUT = 10.0  # how long reload() waits for every worker's acknowledgement
+CANARY_RETRY = 5.0  # seconds between attempts to publish a plan's weights while the config file is refused
 _READY = re.compile(r"^ready (\S+) generation=(\d+) digest=([0-9a-f]+)$")
 _LOADED = re.compile(r"^loaded generation=(\d+) digest=([0-9a-f]+)$")
 _REFUSED = re.compile(r"^refused generation=(\S+): (.*)$")
@@ -210,12 +211,15 @@ class Supervisor:
     def _canary_loop(self) -> None:
         """Tick the controller; republish when a plan's weights changed (or a publish is owed)."""
         ctl = self.controller
+        retry_at = 0.0  # after a refused republish (the file no longer compiles): retried every CANARY_RETRY s
         while ctl is not None and not self._stopping.wait(max(0.05, min(ctl.interval / 4, 0.25))):
             if not ctl.controlled:
                 continue
             try:
-                if (ctl.tick() or ctl.needs_apply()) and not self._stopping.is_set():
-                    self.reload(reason="canary")
+                changed = ctl.tick()
+                if (changed or (ctl.needs_apply() and time.monotonic() >= retry_at)) and not self._stopping.is_set():
+                    result = self.reload(reason="canary")
+                    retry_at = 0.0 if result.accepted else time.monotonic() + CANARY_RETRY
             except Exception:  # noqa: BLE001 - the loop must outlive one bad tick
                 log.exception("canary controller tick failed")
 
