@@ -9,7 +9,7 @@ config with the new weights). Both talk to the processor supervisor's admin port
 `POST /canary/NAME/ACTION`), found as `adapterctl reload` finds it: `--admin URL`, else
 `http://127.0.0.1:PORT` with PORT the `--config` file's `spec.processor.adminPort`, else 9902.
 Exit codes: 0 done; 1 refused by the plan (e.g. pausing a rolled-back plan) or not applied (the
-config republish was refused: the message says why; the controller retries); 2 usage; 3 unknown
+config republish was refused: the message says why; the controller retries every 5 s); 2 usage; 3 unknown
 rollout, or a rollout without a `plan:` block (manual: edit its weights and reload); 4 the
 supervisor is unreachable or answered something else than JSON.
 Cost: one HTTP request.

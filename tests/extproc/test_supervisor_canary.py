@@ -75,3 +75,18 @@ def test_reloads_refuse_keep_reset_or_drop_a_plan(sup, tmp_path):
     write(cfg, "")  # no plan: manual at the file's 10 %
     assert sup.reload().accepted and served(sup) == 1000
     assert sup.controller.status("ro")["ro"]["plan"] is None
+
+
+def test_a_step_that_cannot_be_published_is_kept_not_live_until_the_file_compiles(sup, tmp_path):
+    cfg = tmp_path / "gw.yaml"
+    good = cfg.read_text()
+    cfg.write_text(good.replace("dwell: 1h", "dwell: never"))  # the file breaks
+    out = sup.canary_action("ro", "promote")
+    assert out["applied"] is False and "spec.rollouts[0].plan.dwell" in out["reload"]["errors"]
+    st = sup.controller.status("ro")["ro"]
+    assert st["plan"]["weight_bp"] == 5000 and st["live"] is False and "plan.dwell" in st["apply_error"]
+    assert served(sup) == 1000  # the workers still serve the last published weights
+    cfg.write_text(good)
+    assert sup.reload().accepted and served(sup) == 5000  # any accepted publish carries the plan's weights
+    st = sup.controller.status("ro")["ro"]
+    assert st["live"] is True and st["apply_error"] is None
