@@ -43,8 +43,10 @@ from USERS = 50,000 with Zipf-Mandelbrot activity p_i ~ 1 / (i + 100) (the most 
 of requests, the top 10 together 1.5 %); the arm is `arm_at(plan.rollout, bucket(salt, user))`, the
 request path's hash; a request is observed into the judge's `Windows` when it finishes (arrival +
 latency), so in-flight requests of a step finish after it. The controller's loop is simulated as the
-live one runs it: every JUDGE_EVERY_S = 60 simulated seconds `judge_windows` then `plan.advance`, and the
-windows cleared at every transition. A trial ends rolled back, completed, or still running after
+live one runs it: every JUDGE_EVERY_S = 60 simulated seconds (`--judge-every`; canary/control.py's
+`interval` defaults to 1 s, which costs ~20x the judgements here) `judge_windows` then `plan.advance`, the
+windows cleared at every transition, a failed request observed as canary/feed.py records it (an error,
+no latency or TTFT). A trial ends rolled back, completed, or still running after
 MAX_TRIAL_S simulated seconds (reported as such). Drift: the same population at 20 requests/s, 24 hours
 (6 with --quick), 10 % of the user slots replaced by new users (new keys) every hour.
 
@@ -53,6 +55,7 @@ Run:
     .venv/bin/python perf/bench_canary.py --quick         # 20 trials, 6 h of drift: about a minute here
     .venv/bin/python perf/bench_canary.py --quick --no-write --checks split,aa
 Options: `--trials N` (plan trials per case; default 100, 20 with --quick), `--seed N` (default 1),
+`--judge-every S` (simulated seconds between judgements, default 60),
 `--checks` (comma list of split, stickiness, aa, detection, drift; default all), `--out FILE` (JSON;
 default perf/results/canary.json, not written with --no-write unless --out is given), `--no-write`
 (RESULTS.md and the default JSON untouched). It prints each check's numbers and whether its goal was met,
@@ -383,7 +386,7 @@ class Population:
 def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmModel = ArmModel(),
                plan_config: PlanConfig = PlanConfig(), judge_config: JudgeConfig = JudgeConfig(),
                window_config: WindowConfig = WindowConfig(), rate: float = RATE_RPS,
-               max_s: float = MAX_TRIAL_S) -> dict[str, Any]:
+               max_s: float = MAX_TRIAL_S, judge_every_s: float = JUDGE_EVERY_S) -> dict[str, Any]:
     """One full plan on simulated arms; what happened and when (simulated seconds from the start)."""
     rng = random.Random(seed)
     users = UserDraws(random.Random(seed ^ 0x5EED), pop.cum)
@@ -394,7 +397,7 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
     models = {"stable": baseline, "canary": canary}
     pending: list[tuple[float, int, str, float, float, bool]] = []
     seq = 0
-    t, next_judge = 0.0, JUDGE_EVERY_S
+    t, next_judge = 0.0, judge_every_s
     served = {"stable": 0, "canary": 0}
     looks, events = 0, []
     buckets = pop.buckets
@@ -403,7 +406,10 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
         while next_judge <= t:
             while pending and pending[0][0] <= next_judge:
                 done, _, arm, lat, ttft, err = heapq.heappop(pending)
-                windows.observe(arm, done, latency_ms=lat, ttft_ms=ttft, error=err)
+                if err:  # as canary/feed.py records a failed request: no latency, no TTFT
+                    windows.observe(arm, done, error=True)
+                else:
+                    windows.observe(arm, done, latency_ms=lat, ttft_ms=ttft, error=False)
             verdict = judge_windows(windows, "stable", "canary", next_judge, judge_config)
             looks += verdict.verdict != "inconclusive"
             ev = plan.advance(next_judge, verdict, windows.samples(next_judge))
@@ -418,7 +424,7 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
                     return {"seed": seed, "outcome": plan.status, "at_s": next_judge, "weight_bp": ev.from_weight_bp,
                             "canary_requests": served["canary"], "requests": served["canary"] + served["stable"],
                             "looks": looks, "failed": events[-1]["failed"], "events": len(events)}
-            next_judge += JUDGE_EVERY_S
+            next_judge += judge_every_s
             if next_judge > max_s:
                 return {"seed": seed, "outcome": "running", "at_s": max_s, "weight_bp": plan.weight_bp,
                         "canary_requests": served["canary"], "requests": served["canary"] + served["stable"],
@@ -602,7 +608,7 @@ def drift_check(hours: float, seed: int = 1, *, arms: Any = None, users: int = U
 
 
 def run(checks: Sequence[str], *, trials: int, seed: int, quick: bool, progress: Callable[[str], None] = print,
-        stickiness_impl: str = "canary.assign:assign") -> dict[str, Any]:
+        stickiness_impl: str = "canary.assign:assign", judge_every_s: float = JUDGE_EVERY_S) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pop = None
     t0 = time.monotonic()
@@ -619,10 +625,10 @@ def run(checks: Sequence[str], *, trials: int, seed: int, quick: bool, progress:
     if "aa" in checks or "detection" in checks:
         pop = Population.build()
     if "aa" in checks:
-        out["aa"] = aa_check(trials, seed, pop=pop)
+        out["aa"] = aa_check(trials, seed, pop=pop, judge_every_s=judge_every_s)
         note("aa")
     if "detection" in checks:
-        out["detection"] = detection_check(trials, seed, pop=pop)
+        out["detection"] = detection_check(trials, seed, pop=pop, judge_every_s=judge_every_s)
         note("detection")
     if "drift" in checks:
         out["drift"] = drift_check(6 if quick else 24, seed, populations=2 if quick else 5)
@@ -656,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="20 trials per plan case, 6 h of drift, 200 keyless seeds")
     ap.add_argument("--trials", type=int, help="plan trials per case (A/A, TTFT, errors); default 100, 20 with --quick")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--judge-every", type=float, default=JUDGE_EVERY_S,
+                    help=f"simulated seconds between judgements (default {JUDGE_EVERY_S:g})")
     ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma list of {', '.join(CHECKS)}")
     ap.add_argument("--out", help="write the JSON here (default perf/results/canary.json unless --no-write)")
     ap.add_argument("--no-write", action="store_true", help="print only: RESULTS.md and the default JSON untouched")
@@ -667,9 +675,11 @@ def main(argv: list[str] | None = None) -> int:
     trials = args.trials if args.trials is not None else (20 if args.quick else 100)
     if trials < 1:
         ap.error("--trials must be >= 1")
+    if not args.judge_every > 0:
+        ap.error("--judge-every must be > 0")
 
     started = time.monotonic()
-    results = run(checks, trials=trials, seed=args.seed, quick=args.quick)
+    results = run(checks, trials=trials, seed=args.seed, quick=args.quick, judge_every_s=args.judge_every)
     elapsed = time.monotonic() - started
     argv_list = argv if argv is not None else sys.argv[1:]
     doc = {"schema": SCHEMA, "bench": "canary", "simulated": True, "note": SIMULATED,
@@ -678,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
            "command": ".venv/bin/python perf/bench_canary.py " + " ".join(argv_list),
            "seed": args.seed, "quick": args.quick, "trials": trials, "elapsed_s": round(elapsed, 1),
            "model": {"arm": ArmModel().params(), "rate_rps": RATE_RPS, "users": USERS, "zipf_s": ZIPF_S,
-                     "zipf_q": ZIPF_Q, "judge_every_s": JUDGE_EVERY_S, "max_trial_s": MAX_TRIAL_S,
+                     "zipf_q": ZIPF_Q, "judge_every_s": args.judge_every, "max_trial_s": MAX_TRIAL_S,
                      "plan": {"steps": list(PlanConfig().steps), "min_samples": PlanConfig().min_samples,
                               "dwell_s": PlanConfig().dwell_s},
                      "judge": {"alpha": JudgeConfig().alpha, "error_alpha": JudgeConfig().error_alpha,

@@ -161,3 +161,5 @@ def test_bad_options_are_refused():
         bc.main(["--checks", "nope", "--no-write"])
     with pytest.raises(SystemExit):
         bc.main(["--trials", "0", "--no-write"])
+    with pytest.raises(SystemExit):
+        bc.main(["--judge-every", "0", "--no-write"])
