@@ -81,6 +81,11 @@ perf: setup
 	$(VENV)/bin/python perf/bench_ebpf_overhead.py
 	$(VENV)/bin/python perf/bench_routing.py
 
+.PHONY: floor
+# The compiled no-op ext_proc server bench_overhead compares against (perf/floor/; not part of test).
+floor:
+	perf/floor/build.sh
+
 clean:
 	rm -rf $(VENV) .tools .pytest_cache
 
