@@ -14,22 +14,32 @@ streams, like `h2load -c 8 -m 4`):
              fresh stack, one stopped with SIGTERM (hypercorn's graceful stop: GOAWAY);
   churn      `--seconds` of load on the LLM routes (h2c: connections retired at max requests), then
              3 bursts each followed by 5.2 s idle (the backends' keep-alive is 5 s);
-  reloads    `--reloads` reloads under load cycling through every kind of change (routes added,
-             changed, removed; backends and endpoints added and removed; plugin parameters; timeouts).
+  reloads    `--reloads` reloads under HTTP/2 load cycling through every kind of change but the
+             listener (routes added, changed, removed; backends and endpoints added and removed;
+             plugin parameters; timeouts), then a fifth as many listener changes (Envoy drains the
+             client connections) under HTTP/1.1 load and h2load.
 Reports requests, failures by route, status and Envoy's response code details and flags (the
 `code` and `flags` of Envoy's JSON error: this script adds `%RESPONSE_FLAGS%` to it), and the
 Envoy counters that show which mechanism acted (retries, ejections, connections retired).
 Prints a table and, unless --no-write, appends a dated section to perf/RESULTS.md.
+With `--before REV` the issue's reproduction also runs on revision REV (a temporary `git worktree`:
+its code, this tree's load generator), for before/after numbers. h2load is used for the issue's
+reproduction and the listener reloads when installed (`make setup`), as in the issue.
 Run: `.venv/bin/python perf/bench_reliability.py [--seconds 12] [--reloads 100] [--scenarios issue,worker,...]
-[--variants shipped,neither] [--no-write]`. Everything it starts is stopped by its handle on exit.
+[--variants shipped,neither] [--before 8e23138] [--no-write]`. Everything it starts is stopped by its handle on exit.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime as dt
+import json
+import os
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +47,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# --before runs the issue's reproduction in a worktree of another revision: its code, our load tools
+TREE = Path(os.environ.get("BENCH_RELIABILITY_TREE") or REPO)
+sys.path.insert(0, str(TREE))
 
 import benchenv  # noqa: E402  (perf/ is this script's folder, on sys.path)
 
@@ -45,9 +57,8 @@ import httpx  # noqa: E402
 
 from extproc import envoy_render, xds  # noqa: E402
 from extproc.stack import stop_process  # noqa: E402
-from tests.e2e import test_reliability as rel  # noqa: E402
 from tests.e2e.conftest import make_stack  # noqa: E402
-from tests.e2e.loadgen import Report, Req  # noqa: E402
+from tests.e2e.loadgen import H2LOAD, H2load, Load, Report, Req  # noqa: E402
 
 RESULTS = REPO / "perf" / "RESULTS.md"
 FRAUD = Req("POST", "/v1/fraud-score", b'{"features": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]}')
@@ -116,21 +127,73 @@ class Procs(list):
         self.clear()
 
 
+rel: Any = None  # tests.e2e.test_reliability, imported when a scenario needs it (not in --child-issue)
+
+
 def stats_of(st: Any) -> dict[str, float]:
     s = rel.envoy_stats(st)
     return {k: s.get(k, 0) for k in COUNTERS if k in s}
 
 
-def run_issue(args: argparse.Namespace, tmp: Path) -> tuple[Report, dict[str, float], str]:
-    st = make_stack(str(REPO / "examples" / "finance-llm-adapter.yaml"), workers=2, simulate=True).start()
+def issue_run(seconds: float) -> tuple[Report, dict[str, float], str]:
+    """The issue's reproduction: `make run`'s config with simulated backends, two workers,
+    h2load -c 8 -m 4 (tests/e2e/loadgen.Load of the same shape without h2load) on /v1/fraud-score,
+    kill -9 of worker 0 a quarter of the way in. Uses only what every revision's stack has."""
+    import os as _os
+
+    st = make_stack(str(TREE / "examples" / "finance-llm-adapter.yaml"), workers=2, simulate=True).start()
     try:
-        report, _ = rel.worker_kill(st, args.seconds, args.seconds / 4, [FRAUD])
-        return report, stats_of(st), "finance-llm-adapter.yaml, POST /v1/fraud-score (tensor, ONNX Runtime)"
+        pid = st.supervisor.workers[0].pid
+        if H2LOAD is not None:
+            load = H2load(st.url, FRAUD, seconds).start()
+            time.sleep(seconds / 4)
+            _os.kill(pid, signal.SIGKILL)
+            report = load.wait()
+            tool = "h2load -c 8 -m 4"
+        else:
+            with Load(st.url, [FRAUD]) as lg:
+                time.sleep(seconds / 4)
+                _os.kill(pid, signal.SIGKILL)
+                time.sleep(seconds * 3 / 4)
+            report, tool = lg.report, "loadgen 8x4"
+        stats = {}
+        try:
+            raw = httpx.get(f"{st.admin_url}/stats", params={"format": "json"}, timeout=5).json()["stats"]
+            stats = {x["name"]: x["value"] for x in raw if x.get("name") in COUNTERS}
+        except httpx.HTTPError:
+            pass
+        return report, stats, f"finance-llm-adapter.yaml, POST /v1/fraud-score (tensor, ONNX Runtime), {tool}"
     finally:
         st.stop()
 
 
-def reliability_stack(tmp: Path, procs: Procs, llm: int = 2) -> tuple[Any, list, list, Path, rel.Topology]:
+def issue_before(rev: str, seconds: float) -> tuple[Report, dict[str, float], str]:
+    """issue_run in a `git worktree` of `rev` (its extproc, backends and examples; this tree's
+    tests/e2e/loadgen.py copied in), as a child process; the worktree is removed after."""
+    d = tempfile.mkdtemp(prefix="bench-reliability-before-")
+    try:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", d, rev], check=True)
+        shutil.copy(REPO / "tests" / "e2e" / "loadgen.py", Path(d) / "tests" / "e2e" / "loadgen.py")
+        from extproc.envoy_bin import find_envoy
+        env = dict(os.environ, BENCH_RELIABILITY_TREE=d, PYTHONPATH=d, ADAPTER_ENVOY_BIN=find_envoy())
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child-issue", "--seconds", str(seconds)],
+                             cwd=d, env=env, capture_output=True, text=True, timeout=seconds + 180)
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        if out.returncode != 0 or not line:
+            raise RuntimeError(f"before run failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+        doc = json.loads(line[-1])
+        r = Report(sent=doc["sent"], by_status=collections.Counter({int(k): v for k, v in doc["by_status"].items()}),
+                   by_code=collections.Counter({tuple(k): v for k, v in doc["by_code"]}), samples=doc["samples"],
+                   seconds=doc["seconds"])
+        rev_short = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], capture_output=True,
+                                   text=True).stdout.strip()
+        return r, doc["stats"], doc["what"] + f"; before: {rev_short}"
+    finally:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", d], capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def reliability_stack(tmp: Path, procs: Procs, llm: int = 2) -> tuple[Any, list, list, Path, Any]:
     tmp.mkdir(parents=True, exist_ok=True)
     sims = [rel.Simulator() for _ in range(llm)]
     procs.extend(s.proc for s in sims)
@@ -148,8 +211,14 @@ def reliability_stack(tmp: Path, procs: Procs, llm: int = 2) -> tuple[Any, list,
 
 def scenario(name: str, args: argparse.Namespace, tmp: Path, procs: Procs) -> list[tuple[str, Report, dict, str]]:
     out = []
+    global rel
+    from tests.e2e import test_reliability as rel
     if name == "issue":
-        report, stats, what = run_issue(args, tmp)
+        if args.before:
+            report, stats, what = issue_before(args.before, args.seconds)
+            out.append(("issue: worker SIGKILL, before", report, stats, what))
+        with variant("shipped"):
+            report, stats, what = issue_run(args.seconds)
         out.append(("issue: worker SIGKILL", report, stats, what))
     elif name == "worker":
         for v in args.variants:
@@ -181,12 +250,22 @@ def scenario(name: str, args: argparse.Namespace, tmp: Path, procs: Procs) -> li
             base = rel.Topology([sims[0].id], [echoes[0].id])
             rel.write_config(cfg, base)
             assert st.reload().accepted
-            changes = rel.reload_changes(args.reloads, base, sims[1].id, echoes[1].id)
+            kinds = tuple(k for k in rel.CHANGES if k != "listener changed")
+            changes = rel.reload_changes(args.reloads, base, sims[1].id, echoes[1].id, kinds)
             started = time.monotonic()
-            report, problems = rel.reloads(st, cfg, changes)
-            what = f"{args.reloads} reloads in {time.monotonic() - started:.1f} s" + (
+            report, problems, _ = rel.reloads(st, cfg, changes)
+            what = f"{args.reloads} reloads in {time.monotonic() - started:.1f} s: {', '.join(kinds)}" + (
                 f"; {len(problems)} not clean: {problems[:3]}" if problems else "")
-            out.append(("reloads under load", report, stats_of(st), what))
+            out.append(("reloads under load (HTTP/2)", report, stats_of(st), what))
+            n = max(1, args.reloads // 5)
+            changes = rel.reload_changes(n, base, sims[1].id, echoes[1].id, ("listener changed",))
+            report, problems, h2 = rel.reloads(st, cfg, changes, http2=False,
+                                               h2load=rel.STEADY[1] if H2LOAD is not None else None)
+            what = f"{n} listener changes (connections drained)" + (
+                f"; {len(problems)} not clean: {problems[:3]}" if problems else "")
+            out.append(("listener reloads (HTTP/1.1 loadgen)", report, stats_of(st), what))
+            if h2 is not None:
+                out.append(("listener reloads (h2load -c 8 -m 4)", h2, {}, what + ", POST /v1/chat/completions"))
             procs.stop()
     return out
 
@@ -203,8 +282,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reloads", type=int, default=100)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--before", metavar="REV", help="also run the issue's reproduction on REV (a git worktree)")
     ap.add_argument("--no-write", action="store_true", help="do not append to perf/RESULTS.md")
+    ap.add_argument("--child-issue", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child_issue:  # issue_before's child, in the other revision's tree: one JSON line
+        r, stats, what = issue_run(args.seconds)
+        print(json.dumps({"sent": r.sent, "by_status": r.by_status, "by_code": [[list(k), v] for k, v in r.by_code.items()],
+                          "samples": r.samples, "seconds": r.seconds, "stats": stats, "what": what}))
+        return 0
     args.variants = [v for v in args.variants.split(",") if v]
     assert set(args.variants) <= set(VARIANTS), args.variants
     started = dt.datetime.now(dt.timezone.utc)
