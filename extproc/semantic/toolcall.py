@@ -472,6 +472,9 @@ def _header_value(b: ParamBinding, v: Any) -> str:
     return _scalar(v)
 
 
+_PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986 pchar and "/", plus "%" (values are already encoded)
+
+
 def _path_prefix(base_url: str | None) -> str:
     if not base_url:
         return ""
@@ -542,7 +545,11 @@ def build_request(tool: Tool, args: Mapping[str, Any], base_url: str | None = No
     if cookies:
         headers.append(("cookie", "; ".join(cookies)))
     headers.append(("accept", "application/json"))
-    target = prefix + path + ("?" + "&".join(query) if query else "")
+    # what the document wrote (a server URL, a path key) percent-encoded where it is not a URL path
+    # character: a space, a quote or a brace there would make an invalid request target
+    # (and starting with "/", which a request path must)
+    target = quote(prefix + path, safe=_PATH_SAFE)
+    target = (target if target.startswith("/") else "/" + target) + ("?" + "&".join(query) if query else "")
     return HttpRequest(tool.method, target, tuple(headers), body_bytes)
 
 

@@ -261,6 +261,15 @@ def test_base_url_forms(petstore):
     assert build_request(t, {"id": 1}).target == "/v2/pets/1"
 
 
+def test_what_the_document_wrote_is_percent_encoded_in_the_target(petstore):
+    """Found by tests/fuzz/test_fuzz_openapi.py: a server variable whose default is not a string
+    (its repr went into the URL), or a path key with a space, gave a request target with spaces."""
+    t = petstore.by_name["find_pet_by_id"]
+    assert build_request(t, {"id": 1}, "{'$ref': '#'}://h/my api").target == \
+        "/%7B'$ref':%20'%23'%7D://h/my%20api/pets/1"
+    assert build_request(t, {"id": "a b"}, "/é").target == "/%C3%A9/pets/a%20b"
+
+
 # -- results -------------------------------------------------------------------------
 
 
