@@ -12,8 +12,8 @@ Properties, per case:
 - `build_tools` on a `Spec` never raises; every tool has a valid name (`^[a-zA-Z0-9_-]{1,64}$`,
   unique) and its OpenAI, Anthropic and MCP forms are JSON;
 - calling a built tool with random arguments (`check_arguments`, `build_request`) returns a
-  request or raises `ToolCallError`; a built request's target has no CR, LF, NUL or space and no
-  header value has CR, LF or NUL;
+  request or raises `ToolCallError`; a built request's target starts with "/" and has no CR, LF,
+  NUL or space, and no header value has CR, LF or NUL;
 - the case ends within `CASE_LIMIT_S`.
 Cost: about 2 to 20 ms per case (YAML or JSON parsing, schema expansion).
 """
@@ -198,8 +198,8 @@ def check(case: OpenAPICase) -> str | None:
                     raise Finding(f"ToolCallError without a message: {e!r}") from None
                 refusal = refusal or "call: " + refusal_class(e.code, 80)
                 continue
-            if _BAD_TARGET.search(req.target):
-                raise Finding(f"built request target {req.target!r} has CR, LF, NUL or a space")
+            if _BAD_TARGET.search(req.target) or not req.target.startswith("/"):
+                raise Finding(f"built request target {req.target!r} has CR, LF, NUL or a space, or no leading /")
             for k, v in req.headers:
                 if _BAD_HEADER.search(k) or _BAD_HEADER.search(v):
                     raise Finding(f"built request header {k!r}: {v!r} has CR, LF or NUL")
