@@ -1,17 +1,40 @@
-"""Benchmark: what the ext_proc processor adds on top of bare Envoy (a benchmark, never a test).
+"""Benchmark: bare Envoy, Envoy + a compiled no-op ext_proc processor (the floor), Envoy + ours, side by side.
 
-What: in one run, with one load generator (wrk) and one upstream (a separate Envoy answering a canned
-OpenAI chat completion with `direct_response`), it measures side by side
-  - bare Envoy: the gateway's own rendered bootstrap with the ext_proc filter stripped, and
-  - the gateway: `extproc.stack.Stack` (processor workers + Envoy) from perf/configs/bench-gateway.yaml,
-for the passthrough route (POST /v1/chat/completions: 1 ext_proc round trip) and the llm route
-(POST /v1/analyze: request body + response headers + response body, JSON transform), against bare
-Envoy forwarding the same request untouched, at each connection count (default 1 and 32).
-Each point: 2 s warm-up, then `--duration` seconds measured; p50/p90/p99 and req/s from
-`wrk --latency`; CPU seconds of every server process from /proc, per request.
-Prints a table and, unless --no-write, appends a dated section to perf/RESULTS.md.
-Run: `.venv/bin/python perf/bench_overhead.py [--duration 10] [--connections 1,32] [--workers N] [--no-write]`
-or `make perf`. Everything it starts is stopped by PID (bounded waits) on exit, error or Ctrl-C.
+What: in one run, one load generator (wrk) and the same upstreams for all three setups:
+  - `bare`: the gateway's own rendered bootstrap with the ext_proc filter stripped (Envoy only);
+  - `floor`: the gateway's rendered bootstrap unchanged (same ext_proc filter, same processing mode per
+    route, same processor cluster with health checks) with the processor cluster pointed at the
+    compiled no-op server of perf/floor/ (C++, gRPC async API, `--threads` = processor workers, one
+    port per worker) that answers every message with the matching empty CONTINUE response;
+  - `gateway`: `extproc.stack.Stack` (our processor workers + Envoy) from perf/configs/bench-gateway.yaml
+    plus a streaming route added here;
+for three route kinds:
+  - `headers`: POST /v1/chat/completions, our passthrough route: a headers-only decision (1 message);
+  - `llm`: POST /v1/analyze with a 1 KB JSON body, JSON out through the route's transform (request
+    headers + body, response headers + body: 4 messages);
+  - `stream`: POST /v1/completions `"stream": true` on an `openai` route to an OpenAI API *simulator*
+    (backends/simulator_openai.py, instant decode, 16 tokens): request body buffered, response body
+    STREAMED (one message per chunk);
+at each concurrency (wrk connections, default 1 and 32). Upstream of headers/llm: a separate Envoy
+answering a canned chat completion with `direct_response` (not Python, so it does not dominate); of
+stream: the simulator (Python: at c=32 it is most of the box, so that route's ratios say less).
+Each point: warm-up (2 s, `--quick` 1 s) then `--duration` seconds measured (10 s, `--quick` 3 s);
+p50/p90/p99 and req/s from `wrk --latency`; CPU seconds of every server process from /proc per
+request (`processor_cpu_us`: our workers, or the floor's one process); Envoy's ext_proc messages per
+stream (the floor must get the same phases as ours: a printed check); every row also as a ratio to the
+floor's row of the same route and concurrency.
+Output: a table, `--out FILE` (default perf/results/overhead.json) with
+`{"rows": [{"setup", "route", "concurrency", "p50_ms", "p99_ms", "rps", "processor_cpu_us", ...}]}`
+(extra keys: p90_ms, requests, msgs_per_req, other_load_cores, p50_vs_floor, rps_vs_floor,
+added_p50_ms_vs_floor), and, unless --no-write, a dated section appended to perf/RESULTS.md (then
+the default JSON is written too; `--no-write` writes only an explicit `--out`).
+The floor is built on demand by perf/floor/build.sh (apt-installs libgrpc++-dev and
+protobuf-compiler-grpc when missing and root); if it cannot be built, one line says why and the
+floor rows are skipped (ratios then null).
+Run: `.venv/bin/python perf/bench_overhead.py [--quick] [--duration 10] [--connections 1,32]
+[--workers N] [--routes headers,llm,stream] [--setups bare,floor,gateway] [--out FILE] [--no-write]`.
+Cost: 18 points; `--quick` about 2 minutes, the default about 5. Everything it starts is stopped by
+PID (bounded waits) on exit, error or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -52,8 +75,12 @@ from extproc.supervisor import die_with_parent  # noqa: E402
 
 CONFIG = REPO / "perf" / "configs" / "bench-gateway.yaml"
 RESULTS = REPO / "perf" / "RESULTS.md"
+RESULTS_JSON = REPO / "perf" / "results" / "overhead.json"
+FLOOR_BUILD = REPO / "perf" / "floor" / "build.sh"
 WARMUP_S = 2
 MAX_SOCKET_ERRORS = 5  # "a handful": a connection reset at the very end of a run is not a failure
+SETUPS = ("bare", "floor", "gateway")
+ROUTES = ("headers", "llm", "stream")
 
 # What the upstream answers on every path: an OpenAI chat completion whose content is the model's JSON.
 MODEL_CONTENT = '{"amount": 12.5, "account": "6001"}'
@@ -67,9 +94,36 @@ EXPECTED_LLM = {"voucher": {"amount": 12.5, "account": "6001"}}
 
 CHAT_BODY = json.dumps({"model": "qwen2.5-finance", "messages": [
     {"role": "user", "content": "Book 12.50 EUR of office supplies to account 6001."}]}, separators=(",", ":"))
-ANALYZE_BODY = json.dumps({"query": "Book 12.50 EUR of office supplies to account 6001."}, separators=(",", ":"))
+
+
+def _analyze_body(size: int = 1024) -> str:
+    """`{"query": "..."}` of exactly `size` bytes: the llm route's 1 KB JSON request."""
+    base = "Book 12.50 EUR of office supplies to account 6001."
+    empty = len(json.dumps({"query": ""}, separators=(",", ":")))
+    text = (base + " ") * (size // len(base) + 1)
+    return json.dumps({"query": text[: size - empty]}, separators=(",", ":"))
+
+
+ANALYZE_BODY = _analyze_body()
+STREAM_MODEL = "bench-model"
+STREAM_TOKENS = 16
+STREAM_BODY = json.dumps({"model": STREAM_MODEL, "prompt": "Stream a short answer.", "max_tokens": STREAM_TOKENS,
+                          "stream": True}, separators=(",", ":"))
+PATHS = {"headers": "/v1/chat/completions", "llm": "/v1/analyze", "stream": "/v1/completions"}
+BODIES = {"headers": CHAT_BODY, "llm": ANALYZE_BODY, "stream": STREAM_BODY}
 
 _T = "type.googleapis.com/"
+
+
+def bench_config(upstream_port: int, simulator_port: int) -> dict[str, Any]:
+    """perf/configs/bench-gateway.yaml pointed at our upstream, plus the streaming route's backend
+    (the simulator) and its `openai` route on /v1/completions."""
+    cfg = yaml.safe_load(CONFIG.read_text())
+    cfg["spec"]["backends"][0]["endpoints"] = [f"127.0.0.1:{upstream_port}"]
+    cfg["spec"]["backends"].append({"name": "sim", "kind": "vllm", "endpoints": [f"127.0.0.1:{simulator_port}"],
+                                    "models": [STREAM_MODEL]})
+    cfg["spec"]["routes"].append({"path": PATHS["stream"], "target": "sim", "kind": "openai"})
+    return cfg
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,14 +178,37 @@ def upstream_bootstrap(port: int, admin_port: int) -> dict[str, Any]:
     }
 
 
-def bare_bootstrap(config_path: Path, workers: int, port: int, admin_port: int) -> dict[str, Any]:
-    """The gateway's own rendered bootstrap minus ext_proc: same listener, HCM (early header
-    mutation, local replies), route table and backend cluster; no ext_proc filter, no per-route
-    ext_proc config, no processor cluster. Both client routes then go straight to the upstream."""
+def rendered_bootstrap(config_path: Path, workers: int, port: int, admin_port: int,
+                       processor_base_port: int | None = None) -> dict[str, Any]:
+    """`render(snapshot, workers)` of the bench config on our own ports: the static equivalent of the
+    bootstrap plus xDS files `Stack` gives the gateway's Envoy. `processor_base_port` points the
+    processor cluster (and the access-log clusters) at another server: the floor's ports."""
     snap = load_file(config_path)
     snap = dataclasses.replace(snap, listener=snap.listener.model_copy(update={"port": port}),
                                admin=snap.admin.model_copy(update={"port": admin_port}))
-    boot = copy.deepcopy(render(snap, workers))
+    if processor_base_port is not None:
+        snap = dataclasses.replace(snap, processor=snap.processor.model_copy(update={"base_port": processor_base_port}))
+    return copy.deepcopy(render(snap, workers))
+
+
+def floor_bootstrap(config_path: Path, workers: int, port: int, admin_port: int, floor_base_port: int) -> dict[str, Any]:
+    """The gateway's rendered bootstrap, unchanged but for its ports, with the processor cluster's
+    `workers` endpoints on the floor's ports: the same ext_proc filter, per-route processing modes,
+    health checks, retry policy and access loggers as ours. (The access loggers only fire for
+    requests whose dynamic metadata names a worker, which the floor never sets: none are sent.)"""
+    boot = rendered_bootstrap(config_path, workers, port, admin_port, floor_base_port)
+    ports = [e["endpoint"]["address"]["socket_address"]["port_value"]
+             for c in boot["static_resources"]["clusters"] if c["name"] == PROCESSOR_CLUSTER
+             for group in c["load_assignment"]["endpoints"] for e in group["lb_endpoints"]]
+    assert ports == list(range(floor_base_port, floor_base_port + workers)), ports
+    return boot
+
+
+def bare_bootstrap(config_path: Path, workers: int, port: int, admin_port: int) -> dict[str, Any]:
+    """The gateway's own rendered bootstrap minus ext_proc: same listener, HCM (early header
+    mutation, local replies), route table and backend cluster; no ext_proc filter, no per-route
+    ext_proc config, no processor cluster. Every client route then goes straight to its backend."""
+    boot = rendered_bootstrap(config_path, workers, port, admin_port)
     res = boot["static_resources"]
     res["clusters"] = [c for c in res["clusters"] if c["name"] != PROCESSOR_CLUSTER]
     for listener in res["listeners"]:
@@ -247,7 +324,8 @@ def parse_wrk(out: str) -> WrkResult:
 
 def run_wrk(wrk: str, url: str, script: Path, connections: int, duration: float) -> WrkResult:
     threads = 1 if connections == 1 else min(2, connections)
-    cmd = [wrk, "--latency", "-t", str(threads), "-c", str(connections), "-d", f"{duration:g}s",
+    duration = max(1, round(duration))  # wrk takes whole seconds
+    cmd = [wrk, "--latency", "-t", str(threads), "-c", str(connections), "-d", f"{duration}s",
            "--timeout", "5s", "-s", str(script), url]
     # subprocess.run kills wrk if we are interrupted.
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 30)
@@ -257,23 +335,107 @@ def run_wrk(wrk: str, url: str, script: Path, connections: int, duration: float)
 
 
 # --------------------------------------------------------------------------------------------
+# The floor
+# --------------------------------------------------------------------------------------------
+
+def build_floor() -> tuple[Path | None, str]:
+    """(binary, "") once perf/floor/build.sh built it (or it was up to date), else (None, why)."""
+    try:
+        p = subprocess.run(["bash", str(FLOOR_BUILD)], capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"perf/floor/build.sh: {e}"
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or not lines or not Path(lines[-1]).is_file():
+        why = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
+        return None, why
+    return Path(lines[-1]), ""
+
+
+def start_floor(binary: Path, base_port: int, ports: int, threads: int) -> subprocess.Popen:
+    """The floor on `ports` consecutive ports from `base_port`; returns once it printed `ready`."""
+    cmd = [str(binary), "--threads", str(threads)]
+    for i in range(ports):
+        cmd += ["--port", str(base_port + i)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent, start_new_session=True)
+    line = proc.stdout.readline() if proc.stdout else ""
+    if line.strip() != "ready":
+        stop_process(proc)
+        raise RuntimeError(f"the floor did not start (exit code {proc.poll()}, printed {line!r})")
+    return proc
+
+
+def start_simulator(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backends.simulator_openai", "--host", "127.0.0.1", "--port", str(port),
+         "--models", STREAM_MODEL, "--log-level", "warning"],
+        cwd=str(REPO), stdout=subprocess.DEVNULL, preexec_fn=die_with_parent, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 60, proc, "simulator")
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc
+
+
+def wait_processor_healthy(admin_url: str, n: int, what: str, timeout: float = 15) -> None:
+    """Envoy health-checks the processor endpoints every second; wait until all are in rotation."""
+    deadline = time.monotonic() + timeout
+    healthy = 0
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{admin_url}/clusters", timeout=5).text
+        healthy = sum(1 for line in text.splitlines()
+                      if line.startswith(f"{PROCESSOR_CLUSTER}::") and "::health_flags::healthy" in line)
+        if healthy >= n:
+            return
+        time.sleep(0.2)
+    print(f"warning: only {healthy}/{n} {what} processor endpoints healthy in Envoy", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------
 # The run
 # --------------------------------------------------------------------------------------------
 
 @dataclass
 class Point:
+    setup: str  # "bare" | "floor" | "gateway"
+    route: str  # "headers" | "llm" | "stream"
     connections: int
-    route: str  # "passthrough" | "llm"
-    bare: WrkResult
-    gw: WrkResult
-    cpu_bare: dict[str, float]  # process group -> CPU seconds during the measured run
-    cpu_gw: dict[str, float]
+    wrk: WrkResult
+    cpu: dict[str, float]  # process group -> CPU seconds during the measured run
     # CPU seconds used on the machine during the measured run by processes outside the benchmark
     # (other sessions' tests), and steal time: both make the numbers worse than on a quiet machine.
-    foreign: dict[str, float] = field(default_factory=dict)
-    steal: dict[str, float] = field(default_factory=dict)
-    handler_s: float = 0.0  # processor's own handler time during the gateway run (its metrics)
-    msgs_per_req: float = 0.0  # ext_proc messages Envoy sent per stream (phases that went to the processor)
+    foreign: float = 0.0
+    steal: float = 0.0
+    handler_s: float | None = None  # our processor's own handler time (its metrics); gateway only
+    msgs_per_req: float | None = None  # ext_proc messages Envoy sent per stream; floor and gateway
+
+
+def _us(seconds: float | None, n: int) -> float | None:
+    return None if seconds is None or not n else round(1e6 * seconds / n, 1)
+
+
+def build_rows(points: list[Point], duration: float) -> list[dict[str, Any]]:
+    """The JSON rows: one per point, with its ratios to the floor's point of the same route and
+    concurrency (null when the floor was not measured)."""
+    floor = {(p.route, p.connections): p for p in points if p.setup == "floor"}
+    rows = []
+    for p in points:
+        n = p.wrk.requests
+        f = floor.get((p.route, p.connections))
+        rows.append({
+            "setup": p.setup, "route": p.route, "concurrency": p.connections,
+            "p50_ms": round(p.wrk.p50, 4), "p99_ms": round(p.wrk.p99, 4), "rps": round(p.wrk.rps, 1),
+            "processor_cpu_us": _us(p.cpu.get("processor"), n),
+            "p90_ms": round(p.wrk.p90, 4), "requests": n,
+            "envoy_cpu_us": _us(p.cpu.get("envoy"), n), "upstream_cpu_us": _us(p.cpu.get("upstream"), n),
+            "handler_us": _us(p.handler_s, n),
+            "msgs_per_req": None if p.msgs_per_req is None else round(p.msgs_per_req, 2),
+            "other_load_cores": round(p.foreign / duration, 2) if duration else None,
+            "p50_vs_floor": round(p.wrk.p50 / f.wrk.p50, 3) if f and f.wrk.p50 else None,
+            "rps_vs_floor": round(p.wrk.rps / f.wrk.rps, 3) if f and f.wrk.rps else None,
+            "added_p50_ms_vs_floor": round(p.wrk.p50 - f.wrk.p50, 4) if f else None,
+        })
+    return rows
 
 
 def machine_info(workers: int) -> dict[str, str]:
@@ -291,22 +453,24 @@ def machine_info(workers: int) -> dict[str, str]:
     }
 
 
-def check_responses(bare_url: str, gw_url: str) -> None:
-    """One request per route before the run: 200s, and the llm route's body really transformed."""
+def check_responses(urls: dict[str, str], routes: list[str]) -> None:
+    """One request per route and setup before the run: 200s, the upstream's answer on headers, our
+    transform on the gateway's llm route, a whole SSE stream on stream."""
     hdr = {"content-type": "application/json"}
     with httpx.Client(timeout=10) as c:
-        for base in (bare_url, gw_url):
-            r = c.post(f"{base}/v1/chat/completions", content=CHAT_BODY, headers=hdr)
-            if r.status_code != 200 or r.json()["choices"][0]["message"]["content"] != MODEL_CONTENT:
-                raise RuntimeError(f"{base}/v1/chat/completions: HTTP {r.status_code} {r.text[:300]}")
-        r = c.post(f"{bare_url}/v1/analyze", content=ANALYZE_BODY, headers=hdr)
-        if r.status_code != 200:
-            raise RuntimeError(f"bare /v1/analyze: HTTP {r.status_code} {r.text[:300]}")
-        r = c.post(f"{gw_url}/v1/analyze", content=ANALYZE_BODY, headers=hdr)
-        if r.status_code != 200 or r.json() != EXPECTED_LLM:
-            raise RuntimeError(f"gateway /v1/analyze: expected 200 {EXPECTED_LLM}, got HTTP {r.status_code} "
-                               f"{r.text[:300]}")
-        print(f"check: gateway /v1/analyze -> 200 {r.text}")
+        for setup, base in urls.items():
+            for route in routes:
+                r = c.post(base + PATHS[route], content=BODIES[route], headers=hdr)
+                ok = r.status_code == 200
+                if ok and route == "headers":
+                    ok = r.json()["choices"][0]["message"]["content"] == MODEL_CONTENT
+                elif ok and route == "llm" and setup == "gateway":
+                    ok = r.json() == EXPECTED_LLM
+                elif ok and route == "stream":
+                    ok = "data: [DONE]" in r.text and r.text.count("data: ") > STREAM_TOKENS // 2
+                if not ok:
+                    raise RuntimeError(f"{setup} {route} {PATHS[route]}: HTTP {r.status_code} {r.text[:300]}")
+    print(f"check: {', '.join(urls)} answer {', '.join(routes)} (gateway /v1/analyze -> {json.dumps(EXPECTED_LLM)})")
 
 
 def _check(res: WrkResult, what: str) -> None:
@@ -315,60 +479,129 @@ def _check(res: WrkResult, what: str) -> None:
                            f"{res.socket_errors} socket errors\n{res.raw}")
 
 
-def envoy_cluster_stats(admin_url: str, cluster: str) -> dict[str, int]:
-    """Per-host rq_total of one cluster (to see how the processor workers share the load)."""
-    text = httpx.get(f"{admin_url}/clusters", timeout=5).text
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split("::")
-        if len(parts) == 4 and parts[0] == cluster and parts[2] == "rq_total":
-            out[parts[1]] = int(parts[3])
-    return out
-
-
 def envoy_counter(admin_url: str, name: str) -> int:
     text = httpx.get(f"{admin_url}/stats?filter=^{re.escape(name)}$", timeout=5).text
     m = re.search(r": (\d+)", text)
     return int(m.group(1)) if m else 0
 
 
-def fmt_table(points: list[Point]) -> str:
-    head = ("| c | route | bare p50 | gw p50 | added p50 | bare p90 | gw p90 | bare p99 | gw p99 "
-            "| bare req/s | gw req/s | kept |")
-    sep = "|" + "|".join("---:" if i != 1 else "---" for i in range(12)) + "|"
-    rows = [head, sep]
-    for p in points:
-        b, g = p.bare, p.gw
-        rows.append(f"| {p.connections} | {p.route} | {b.p50:.3f} | {g.p50:.3f} | +{g.p50 - b.p50:.3f} "
-                    f"| {b.p90:.3f} | {g.p90:.3f} | {b.p99:.3f} | {g.p99:.3f} "
-                    f"| {b.rps:,.0f} | {g.rps:,.0f} | {100 * g.rps / b.rps:.0f}% |")
-    return "\n".join(rows)
+def _f(v: float | None, fmt: str = "{:.3f}") -> str:
+    return "-" if v is None else fmt.format(v)
 
 
-def fmt_cpu(points: list[Point], duration: float) -> str:
-    rows = ["| c | route | ext_proc msgs/req | bare: Envoy | bare: upstream | gw: Envoy | gw: processor CPU "
-            "| gw: processor handler time | gw: upstream | other load bare / gw (cores) |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for p in points:
-        nb, ng = p.bare.requests, p.gw.requests
-        us = lambda s, n: f"{1e6 * s / n:.0f}" if n else "-"  # noqa: E731
-        rows.append(f"| {p.connections} | {p.route} | {p.msgs_per_req:.2f} | {us(p.cpu_bare['envoy'], nb)} | {us(p.cpu_bare['upstream'], nb)} "
-                    f"| {us(p.cpu_gw['envoy'], ng)} | {us(p.cpu_gw['processor'], ng)} | {us(p.handler_s, ng)} "
-                    f"| {us(p.cpu_gw['upstream'], ng)} "
-                    f"| {p.foreign.get('bare', 0) / duration:.2f} / {p.foreign.get('gw', 0) / duration:.2f} |")
-    return "\n".join(rows)
+def fmt_table(rows: list[dict[str, Any]]) -> str:
+    head = ("| c | route | setup | p50 ms | p90 ms | p99 ms | req/s | processor CPU µs/req | ext_proc msgs/req "
+            "| p50 − floor | p50 / floor | req/s / floor | other load |")
+    out = [head, "|---:|---|---|" + "---:|" * 10]
+    for r in rows:
+        out.append(f"| {r['concurrency']} | {r['route']} | {r['setup']} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} "
+                   f"| {r['p99_ms']:.3f} | {r['rps']:,.0f} | {_f(r['processor_cpu_us'], '{:.0f}')} "
+                   f"| {_f(r['msgs_per_req'], '{:.2f}')} | {_f(r['added_p50_ms_vs_floor'], '{:+.3f}')} "
+                   f"| {_f(r['p50_vs_floor'], '{:.2f}')} | {_f(r['rps_vs_floor'], '{:.0%}')} "
+                   f"| {_f(r['other_load_cores'], '{:.2f}')} |")
+    return "\n".join(out)
+
+
+def fmt_cpu(rows: list[dict[str, Any]]) -> str:
+    out = ["| c | route | setup | Envoy CPU µs/req | upstream CPU µs/req | processor CPU µs/req "
+           "| processor handler µs/req |", "|---:|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['concurrency']} | {r['route']} | {r['setup']} | {_f(r['envoy_cpu_us'], '{:.0f}')} "
+                   f"| {_f(r['upstream_cpu_us'], '{:.0f}')} | {_f(r['processor_cpu_us'], '{:.0f}')} "
+                   f"| {_f(r['handler_us'], '{:.0f}')} |")
+    return "\n".join(out)
+
+
+def verdict(rows: list[dict[str, Any]]) -> str:
+    """The gateway against issue 13's goals, as ratios to the floor in this run."""
+    g = {(r["route"], r["concurrency"]): r for r in rows if r["setup"] == "gateway"}
+    parts = []
+    r = g.get(("headers", 1))
+    if r and r["added_p50_ms_vs_floor"] is not None:
+        v = r["added_p50_ms_vs_floor"]
+        parts.append(f"headers c=1: {v:+.3f} ms p50 over the floor (goal <= +0.2 ms: {'met' if v <= 0.2 else 'not met'})")
+    for route, goal in (("headers", 0.6), ("llm", 0.4)):
+        for (rt, c), r in sorted(g.items()):
+            if rt != route or r["rps_vs_floor"] is None or (route == "headers" and c == 1):
+                continue
+            v = r["rps_vs_floor"]
+            parts.append(f"{route} c={c}: {v:.0%} of the floor's req/s (goal >= {goal:.0%}: "
+                         f"{'met' if v >= goal else 'not met'})")
+    if not parts:
+        return "no floor rows in this run: no ratios."
+    return "; ".join(parts) + "."
+
+
+def _measure(setups: dict[str, dict[str, Any]], routes: list[str], conns: list[int], wrk: str, warmup: float,
+             duration: float, run_dir: Path, all_pids: list[int]) -> list[Point]:
+    scripts = {r: lua_post(run_dir / f"{r}.lua", BODIES[r]) for r in routes}
+    points: list[Point] = []
+    total = len(conns) * len(routes) * len(setups)
+    for c in conns:
+        for route in routes:
+            for setup, s in setups.items():
+                url = s["url"] + PATHS[route]
+                _check(run_wrk(wrk, url, scripts[route], c, warmup), f"warm-up {setup} {route} c={c}")
+                handler0 = processor_phase_time(s["processor_admin"]) if s.get("processor_admin") else None
+                if setup != "bare":
+                    msgs0 = envoy_counter(s["admin"], "http.adapter.ext_proc.stream_msgs_sent")
+                    streams0 = envoy_counter(s["admin"], "http.adapter.ext_proc.streams_started")
+                before = {p: cpu_seconds(p) for p in all_pids}
+                wrk0, (busy0, steal0) = children_cpu(), machine_cpu()
+                res = run_wrk(wrk, url, scripts[route], c, duration)
+                busy1, steal1 = machine_cpu()
+                used = {p: cpu_seconds(p) - before[p] for p in all_pids}
+                cpu = {k: sum(used[p] for p in v) for k, v in s["procs"].items()}
+                # everything else on the machine: neither wrk nor any process of this benchmark
+                foreign = max(0.0, (busy1 - busy0) - sum(used.values()) - (children_cpu() - wrk0))
+                handler = msgs = None
+                if handler0 is not None:
+                    handler = processor_phase_time(s["processor_admin"]) - handler0
+                if setup != "bare":
+                    streams = envoy_counter(s["admin"], "http.adapter.ext_proc.streams_started") - streams0
+                    msgs = (envoy_counter(s["admin"], "http.adapter.ext_proc.stream_msgs_sent") - msgs0) / max(streams, 1)
+                _check(res, f"{setup} {route} c={c}")
+                points.append(Point(setup, route, c, res, cpu, foreign, steal1 - steal0, handler, msgs))
+                print(f"[{len(points)}/{total}] {setup:7} {route:7} c={c:<3} p50 {res.p50:.3f} ms  "
+                      f"p99 {res.p99:.3f} ms  {res.rps:,.0f} req/s"
+                      + (f"  {msgs:.2f} msgs/req" if msgs is not None else "")
+                      + f"  (other load {foreign / duration:.2f} cores)", flush=True)
+    return points
+
+
+def _msgs_check(rows: list[dict[str, Any]]) -> str:
+    """Whether the floor got the same ext_proc messages per request as ours, per route and c."""
+    by = {(r["setup"], r["route"], r["concurrency"]): r["msgs_per_req"] for r in rows}
+    diffs = [f"{rt} c={c}: floor {by[('floor', rt, c)]} vs gateway {m}" for (s, rt, c), m in by.items()
+             if s == "gateway" and ("floor", rt, c) in by and m is not None and by[("floor", rt, c)] is not None
+             and abs(m - by[("floor", rt, c)]) > 0.05 * max(m, 1)]
+    return ("the floor got the same ext_proc messages per request as the gateway on every route"
+            if not diffs else "ext_proc messages per request differ: " + "; ".join(diffs))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--duration", type=float, default=10.0, help="measured seconds per point (default 10)")
+    ap.add_argument("--quick", action="store_true", help="1 s warm-up + 3 s per point (under 3 minutes)")
+    ap.add_argument("--duration", type=float, default=None, help="measured seconds per point, whole (default 10, --quick 3)")
+    ap.add_argument("--warmup", type=float, default=None, help=f"warm-up seconds per point (default {WARMUP_S}, --quick 1)")
     ap.add_argument("--connections", default="1,32", help="comma-separated wrk connection counts (default 1,32)")
-    ap.add_argument("--workers", type=int, default=None, help="processor workers (default: the CPU count)")
-    ap.add_argument("--no-write", action="store_true", help="do not append to perf/RESULTS.md")
+    ap.add_argument("--routes", default=",".join(ROUTES), help="comma-separated, of headers,llm,stream")
+    ap.add_argument("--setups", default=",".join(SETUPS), help="comma-separated, of bare,floor,gateway")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processor workers, and the floor's threads and ports (default: the CPU count)")
+    ap.add_argument("--out", type=Path, default=None, help=f"JSON rows (default {RESULTS_JSON.relative_to(REPO)})")
+    ap.add_argument("--no-write", action="store_true", help="leave perf/RESULTS.md and the default JSON alone")
     args = ap.parse_args(argv)
+    # wrk takes whole seconds
+    duration = float(max(1, round(args.duration if args.duration is not None else (3 if args.quick else 10))))
+    warmup = float(max(1, round(args.warmup if args.warmup is not None else (1 if args.quick else WARMUP_S))))
     conns = [int(c) for c in args.connections.split(",") if c.strip()]
+    routes = [r.strip() for r in args.routes.split(",") if r.strip()]
+    wanted = [s.strip() for s in args.setups.split(",") if s.strip()]
+    if not set(routes) <= set(ROUTES) or not set(wanted) <= set(SETUPS) or not routes or not wanted:
+        ap.error(f"--routes from {','.join(ROUTES)}, --setups from {','.join(SETUPS)}")
     workers = args.workers or os.cpu_count() or 1
-    envoy_concurrency = min(workers, 4)  # what Stack gives the gateway's Envoy; the bare one gets the same
+    envoy_concurrency = min(workers, 4)  # what Stack gives the gateway's Envoy; bare and floor get the same
     command = " ".join([".venv/bin/python perf/bench_overhead.py",
                         *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
 
@@ -376,133 +609,117 @@ def main(argv: list[str] | None = None) -> int:
     def _on_sigterm(*_: object) -> None:
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    if argv is None:
+        signal.signal(signal.SIGTERM, _on_sigterm)
 
     wrk = ensure_wrk()
+    floor_bin, floor_why = (None, "")
+    if "floor" in wanted:
+        floor_bin, floor_why = build_floor()
+        if floor_bin is None:
+            print(f"floor: skipped ({floor_why})", file=sys.stderr)
+            wanted.remove("floor")
+            if not wanted:
+                print("nothing to measure", file=sys.stderr)
+                return 2
+    load_start = os.getloadavg()
     idle_load = other_load()
     if idle_load > 0.2:
-        print(f"warning: other processes are using {idle_load:.2f} of {os.cpu_count()} cores; "
-              "the numbers will be worse than on a quiet machine", file=sys.stderr)
+        print(f"warning: other processes are using {idle_load:.2f} of {os.cpu_count()} cores (load average "
+              f"{load_start[0]:.2f}); the numbers will be worse than on a quiet machine", file=sys.stderr)
     run_dir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-    upstream: subprocess.Popen | None = None
-    bare: subprocess.Popen | None = None
+    procs_started: list[subprocess.Popen] = []  # stopped in reverse order
     stack: Stack | None = None
     try:
-        # 1. the upstream: Envoy direct_response, one worker thread
-        up_port, up_admin = free_port(), free_port()
-        upstream = _start_envoy(upstream_bootstrap(up_port, up_admin), run_dir / "upstream.yaml", 1,
-                                f"http://127.0.0.1:{up_admin}", "upstream")
+        # 1. the upstreams: Envoy direct_response (one worker thread), the simulator if streaming
+        up_port, up_admin, sim_port = free_port(), free_port(), free_port()
+        procs_started.append(_start_envoy(upstream_bootstrap(up_port, up_admin), run_dir / "upstream.yaml", 1,
+                                          f"http://127.0.0.1:{up_admin}", "upstream"))
+        upstream_pids = [procs_started[-1].pid]
+        if "stream" in routes:
+            procs_started.append(start_simulator(sim_port))
+            upstream_pids.append(procs_started[-1].pid)
 
-        # 2. the gateway config, pointed at the upstream
-        cfg = yaml.safe_load(CONFIG.read_text())
-        cfg["spec"]["backends"][0]["endpoints"] = [f"127.0.0.1:{up_port}"]
+        # 2. the gateway config, pointed at them
         cfg_path = run_dir / "bench-gateway.yaml"
-        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
+        cfg_path.write_text(yaml.safe_dump(bench_config(up_port, sim_port), sort_keys=False, allow_unicode=True))
 
-        # 3. bare Envoy: the same rendered bootstrap without ext_proc
-        bare_port, bare_admin = free_port(), free_port()
-        bare_admin_url = f"http://127.0.0.1:{bare_admin}"
-        bare = _start_envoy(bare_bootstrap(cfg_path, workers, bare_port, bare_admin), run_dir / "bare-envoy.yaml",
-                            envoy_concurrency, bare_admin_url, "bare-envoy")
-        bare_url = f"http://127.0.0.1:{bare_port}"
+        setups: dict[str, dict[str, Any]] = {}
+        for setup in wanted:
+            port, admin = free_port(), free_port()
+            admin_url = f"http://127.0.0.1:{admin}"
+            if setup == "bare":  # 3. bare Envoy: the same rendered bootstrap without ext_proc
+                env = _start_envoy(bare_bootstrap(cfg_path, workers, port, admin), run_dir / "bare-envoy.yaml",
+                                   envoy_concurrency, admin_url, "bare-envoy")
+                procs_started.append(env)
+                setups[setup] = {"url": f"http://127.0.0.1:{port}", "admin": admin_url,
+                                 "procs": {"envoy": [env.pid], "upstream": upstream_pids}}
+            elif setup == "floor":  # 4. the floor: the compiled no-op behind the same bootstrap as ours
+                base = free_port_block(workers)
+                assert floor_bin is not None
+                fl = start_floor(floor_bin, base, workers, workers)
+                procs_started.append(fl)
+                env = _start_envoy(floor_bootstrap(cfg_path, workers, port, admin, base), run_dir / "floor-envoy.yaml",
+                                   envoy_concurrency, admin_url, "floor-envoy")
+                procs_started.append(env)
+                wait_processor_healthy(admin_url, workers, "floor")
+                setups[setup] = {"url": f"http://127.0.0.1:{port}", "admin": admin_url,
+                                 "procs": {"envoy": [env.pid], "upstream": upstream_pids, "processor": [fl.pid]}}
+            else:  # 5. the gateway: our processor workers + Envoy
+                stack = Stack(str(cfg_path), listen_port=port, admin_port=admin,
+                              processor_base_port=free_port_block(workers), processor_admin_port=free_port(),
+                              workers=workers, run_dir=str(run_dir / "gateway"), log_level="warning")
+                stack.start()
+                wait_processor_healthy(stack.admin_url, workers, "gateway")
+                setups[setup] = {"url": stack.url, "admin": stack.admin_url,
+                                 "processor_admin": stack.processor_admin_url,
+                                 "procs": {"envoy": [stack.envoy.pid], "upstream": upstream_pids,
+                                           "processor": [w.proc.pid for w in stack.supervisor.workers]}}
 
-        # 4. the gateway: processor workers + Envoy
-        stack = Stack(str(cfg_path), listen_port=free_port(), admin_port=free_port(),
-                      processor_base_port=free_port_block(workers), processor_admin_port=free_port(),
-                      workers=workers, run_dir=str(run_dir / "gateway"), log_level="warning")
-        stack.start()
-        gw_url = stack.url
-        # Envoy health-checks the processor workers every second; wait until all are in rotation.
-        deadline = time.monotonic() + 15
-        while True:
-            text = httpx.get(f"{stack.admin_url}/clusters", timeout=5).text
-            healthy = sum(1 for line in text.splitlines()
-                          if line.startswith(f"{PROCESSOR_CLUSTER}::") and "::health_flags::healthy" in line)
-            if healthy >= workers or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        if healthy < workers:
-            print(f"warning: only {healthy}/{workers} processor workers healthy in Envoy", file=sys.stderr)
-
-        check_responses(bare_url, gw_url)
-
-        procs = {
-            "bare": {"envoy": [bare.pid], "upstream": [upstream.pid]},
-            "gw": {"envoy": [stack.envoy.pid], "upstream": [upstream.pid],
-                   "processor": [w.proc.pid for w in stack.supervisor.workers]},
-        }
-        # this process (with the supervisor's threads) and every server process, idle side included
-        all_pids = sorted({os.getpid(), *(p for side in procs.values() for v in side.values() for p in v)})
-        scripts = {"passthrough": lua_post(run_dir / "chat.lua", CHAT_BODY),
-                   "llm": lua_post(run_dir / "analyze.lua", ANALYZE_BODY)}
-        paths = {"passthrough": "/v1/chat/completions", "llm": "/v1/analyze"}  # same path on both sides
-        proc_rq_before = envoy_cluster_stats(stack.admin_url, PROCESSOR_CLUSTER)
-        up_cx_before = {u: envoy_counter(u, "cluster.upstream.upstream_cx_total") for u in (stack.admin_url, bare_admin_url)}
-
-        points: list[Point] = []
-        total = len(conns) * 2
-        for c in conns:
-            for route in ("passthrough", "llm"):
-                results: dict[str, tuple[WrkResult, dict[str, float], float, float]] = {}
-                handler = 0.0
-                for side, base in (("bare", bare_url), ("gw", gw_url)):
-                    url = base + paths[route]
-                    _check(run_wrk(wrk, url, scripts[route], c, WARMUP_S), f"warm-up {side} {route} c={c}")
-                    if side == "gw":
-                        handler = processor_phase_time(stack.processor_admin_url)
-                        msgs0 = envoy_counter(stack.admin_url, "http.adapter.ext_proc.stream_msgs_sent")
-                        streams0 = envoy_counter(stack.admin_url, "http.adapter.ext_proc.streams_started")
-                    before = {p: cpu_seconds(p) for p in all_pids}
-                    wrk0, (busy0, steal0) = children_cpu(), machine_cpu()
-                    res = run_wrk(wrk, url, scripts[route], c, args.duration)
-                    busy1, steal1 = machine_cpu()
-                    used = {p: cpu_seconds(p) - before[p] for p in all_pids}
-                    cpu = {k: sum(used[p] for p in v) for k, v in procs[side].items()}
-                    # everything else on the machine: neither wrk nor any process of this benchmark
-                    foreign = max(0.0, (busy1 - busy0) - sum(used.values()) - (children_cpu() - wrk0))
-                    if side == "gw":
-                        handler = processor_phase_time(stack.processor_admin_url) - handler
-                        streams = envoy_counter(stack.admin_url, "http.adapter.ext_proc.streams_started") - streams0
-                        msgs = (envoy_counter(stack.admin_url, "http.adapter.ext_proc.stream_msgs_sent") - msgs0) \
-                            / max(streams, 1)
-                    _check(res, f"{side} {route} c={c}")
-                    results[side] = (res, cpu, foreign, steal1 - steal0)
-                    print(f"[{len(points) + 1}/{total}] {side:4} {route:11} c={c:<3} p50 {res.p50:.3f} ms  "
-                          f"p99 {res.p99:.3f} ms  {res.rps:,.0f} req/s  (other load {foreign / args.duration:.2f} "
-                          f"cores, steal {(steal1 - steal0) / args.duration:.2f})", flush=True)
-                points.append(Point(c, route, results["bare"][0], results["gw"][0], results["bare"][1],
-                                    results["gw"][1], {k: v[2] for k, v in results.items()},
-                                    {k: v[3] for k, v in results.items()}, handler, msgs))
-
-        proc_rq = envoy_cluster_stats(stack.admin_url, PROCESSOR_CLUSTER)
-        share = {h: proc_rq.get(h, 0) - proc_rq_before.get(h, 0) for h in sorted(proc_rq)}
-        up_cx = {u: envoy_counter(u, "cluster.upstream.upstream_cx_total") - n for u, n in up_cx_before.items()}
-        up_cx_text = f"gateway {up_cx[stack.admin_url]}, bare {up_cx[bare_admin_url]}"
-        restarts = sum(w.restarts for w in stack.supervisor.workers)
+        check_responses({s: v["url"] for s, v in setups.items()}, routes)
+        # this process (with the supervisor's threads) and every server process, idle ones included
+        all_pids = sorted({os.getpid(), *(p for s in setups.values() for v in s["procs"].values() for p in v)})
+        points = _measure(setups, routes, conns, wrk, warmup, duration, run_dir, all_pids)
+        restarts = sum(w.restarts for w in stack.supervisor.workers) if stack is not None else 0
     finally:
         if stack is not None:
             stack.stop()
-        stop_process(bare)
-        stop_process(upstream)
+        for p in reversed(procs_started):
+            stop_process(p)
         shutil.rmtree(run_dir, ignore_errors=True)
+    load_end = os.getloadavg()
 
+    rows = build_rows(points, duration)
     info = machine_info(workers)
-    table, cpu_table = fmt_table(points), fmt_cpu(points, args.duration)
-    total_streams = sum(share.values()) or 1
-    share_text = ", ".join(f"{h} {n} ({100 * n / total_streams:.0f}%)" for h, n in share.items())
+    table, cpu_table = fmt_table(rows), fmt_cpu(rows)
+    msgs_text = _msgs_check(rows) if "floor" in wanted and stack is not None else ""
+    load_text = (f"load average {load_start[0]:.2f} / {load_start[1]:.2f} / {load_start[2]:.2f} at the start, "
+                 f"{load_end[0]:.2f} / {load_end[1]:.2f} / {load_end[2]:.2f} at the end "
+                 f"(other processes used {idle_load:.2f} cores just before)")
     print()
     print(table)
     print()
-    print("CPU per request (us), from /proc utime+stime during the measured seconds; processor handler time "
-          "from its own metrics; other load = CPU used by processes outside the benchmark:")
+    print("CPU per request (µs), from /proc utime+stime during the measured seconds:")
     print(cpu_table)
     print()
-    print(f"ext_proc streams per processor worker (Envoy rq_total, all points incl. warm-up): {share_text}")
-    print(f"connections to the upstream opened during the run: {up_cx_text}; worker restarts: {restarts}")
+    if msgs_text:
+        print(msgs_text)
+    if floor_why:
+        print(f"floor rows skipped: {floor_why}")
+    print(f"{load_text}; worker restarts: {restarts}")
+    print(f"against the goals: {verdict(rows)}")
 
+    outs = [args.out] if args.out else []
+    if not args.no_write and RESULTS_JSON not in outs:
+        outs.append(RESULTS_JSON)
+    for out in outs:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+        print(f"wrote {out}")
     if not args.no_write:
-        append_results(info, command, table, cpu_table, share_text, up_cx_text, restarts, points, args.duration)
-        print(f"\nappended to {RESULTS.relative_to(REPO)}")
+        append_results(info, command, table, cpu_table, msgs_text, floor_why, load_text, restarts, rows,
+                       warmup, duration)
+        print(f"appended to {RESULTS.relative_to(REPO)}")
     return 0
 
 
@@ -513,54 +730,34 @@ def other_load(seconds: float = 1.0) -> float:
     return max(0.0, machine_cpu()[0] - busy0 - (cpu_seconds(os.getpid()) - mine0)) / seconds
 
 
-def _verdict(points: list[Point], duration: float) -> str:
-    """The honest paragraph: numbers against the targets (<= +0.5 ms p50 at c=1, >= 50% throughput)."""
-    parts = []
-    for p in points:
-        added = p.gw.p50 - p.bare.p50
-        kept = 100 * p.gw.rps / p.bare.rps
-        if p.connections == 1:
-            parts.append(f"at c=1 the {p.route} route adds {added:.2f} ms p50 "
-                         f"({'within' if added <= 0.5 else 'over'} the 0.5 ms target)")
-        else:
-            parts.append(f"at c={p.connections} the {p.route} route keeps {kept:.0f}% of bare throughput "
-                         f"({'meets' if kept >= 50 else 'below'} the 50% target)")
-    loads = [v for p in points for v in p.foreign.values()]
-    mean = sum(loads) / len(loads) / duration if loads else 0.0
-    note = (f" Other processes used {mean:.2f} of the {os.cpu_count()} cores on average while measuring,"
-            " so every figure here is worse than on a quiet machine." if mean > 0.1 else "")
-    return "; ".join(parts) + "." + note
-
-
-def append_results(info: dict[str, str], command: str, table: str, cpu_table: str, share_text: str,
-                   up_cx: str, restarts: int, points: list[Point], duration: float) -> None:
+def append_results(info: dict[str, str], command: str, table: str, cpu_table: str, msgs_text: str, floor_why: str,
+                   load_text: str, restarts: int, rows: list[dict[str, Any]], warmup: float, duration: float) -> None:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    header = "" if RESULTS.exists() else (
-        "# Benchmark results\n\nAppended by `perf/bench_overhead.py` (one section per run; newest last). "
-        "See perf/README.md for what is measured.\n")
-    text = f"""{header}
-## {now}: bench_overhead (bare Envoy vs Envoy + processor)
+    workers = int(info["workers"])
+    floor_line = (f"- Floor: perf/floor/ (C++ gRPC {'async API'}, `--threads {workers}`, {workers} ports = the processor "
+                  "cluster's endpoints), behind the gateway's rendered bootstrap unchanged"
+                  if not floor_why else f"- Floor: skipped ({floor_why})")
+    text = f"""
+## {now}: bench_overhead (bare Envoy, Envoy + compiled no-op floor, Envoy + our processor)
 
 - Machine: {info['cpu']}; kernel {info['kernel']}; Python {info['python']}; Envoy {info['envoy']}; {info['wrk']}
 - Code: git {info['git']}
-- Processor workers: {info['workers']}; gateway and bare Envoy `--concurrency {min(int(info['workers']), 4)}`; upstream Envoy `--concurrency 1` (direct_response)
-- Command: `{command}` ({duration:g} s measured per point after a {WARMUP_S} s warm-up; wrk threads: 1 at c=1, 2 otherwise)
-- Load generator, both Envoys, upstream and processor workers all share these {os.cpu_count()} cores over loopback.
+- Processor workers: {workers}; every Envoy `--concurrency {min(workers, 4)}`; upstream Envoy `--concurrency 1` (direct_response); stream route upstream: the OpenAI API simulator (Python, instant decode, {STREAM_TOKENS} tokens)
+{floor_line}
+- Command: `{command}` ({duration:g} s measured per point after a {warmup:g} s warm-up; wrk threads: 1 at c=1, 2 otherwise)
+- Load: {load_text}. The machine is shared with other sessions' tests: the "other load" column is the CPU (in cores, of {os.cpu_count()}) they used during each point.
 
-Latency in ms (wrk `--latency`), throughput in req/s; added p50 = gateway - bare; kept = gateway / bare.
+Routes: headers = POST /v1/chat/completions (passthrough, headers only); llm = POST /v1/analyze, {len(ANALYZE_BODY)} B JSON in, JSON out (4 messages); stream = POST /v1/completions, `"stream": true` (openai route, response body STREAMED). Latency in ms (wrk `--latency`); ratios to the floor's row of the same route and c.
 
 {table}
 
-CPU per request in microseconds (utime+stime from /proc during the measured seconds; wrk not counted).
-"Processor handler time" is the processor's own time in its stage code per request (its phase-duration
-metric), the rest of its CPU is gRPC and asyncio. "Other load" is CPU used during the measured seconds
-by processes that are not part of the benchmark (in cores, out of {os.cpu_count()}):
+CPU per request in microseconds (utime+stime from /proc during the measured seconds; wrk not counted; processor handler = our stage code per request from its metrics, the rest of its CPU is gRPC and asyncio):
 
 {cpu_table}
 
-ext_proc streams per processor worker: {share_text}. Connections to the upstream opened: {up_cx}. Worker restarts: {restarts}.
+{msgs_text + '. ' if msgs_text else ''}Worker restarts: {restarts}.
 
-Against the targets: {_verdict(points, duration)}
+Against issue 13's goals: {verdict(rows)}
 """
     with RESULTS.open("a") as f:
         f.write(text)
