@@ -14,10 +14,11 @@ is saved to a file. Not part of the suite.
     .venv/bin/python perf/fuzz.py --slice 1-4/20         # slices 1 to 4, one after the other
     .venv/bin/python perf/fuzz.py --target stream --cases 10000
     .venv/bin/python perf/fuzz.py --quick                # 1,000 cases per target, prints only
+    .venv/bin/python perf/fuzz.py --slice 1/20 --report  # no run: a RESULTS.md section of every stored slice
 
 Cases: `--cases` is the total over the targets run (split evenly), and a slice runs its 1/M share.
 Recorded per target and slice (`--out`, default perf/results/fuzz.json; slices of the same M
-merge into it, so CI jobs can each run one): cases run, crashes (kind, count, the minimal example's
+merge into it under a lock, so parallel runs and CI jobs can each run some): cases run, crashes (kind, count, the minimal example's
 file under perf/results/fuzz-crashes/), hangs (cases over the per-case limit, `CASE_LIMIT_S` = 10
 s), refusals by class (the refusal's message with quoted text and numbers taken out: "every
 refusal a clear error" is this table), cases/s, and the process's RSS (current and peak) at the
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import fcntl
 import hashlib
 import importlib
 import json
@@ -215,22 +217,53 @@ def results_section(command: str, m: int, ran: list[int], report: dict, tot: dic
     lines = [f"## {started} UTC: fuzzing, slices {ran[0]}-{ran[-1]} of {m} (perf/fuzz.py)", "",
              f"- machine: {cpu()}; commit {git_revision('extproc', 'backends', 'tests/fuzz')}",
              f"- command: `{command}`", "",
-             "| target | slices run | cases | crashes | hangs | cases/s | RSS start → end (MiB) | refusal classes |",
-             "|---|---:|---:|---:|---:|---:|---|---:|"]
+             "| target | slices run | cases | crashes | hangs | cases/s | RSS growth in a slice, max (MiB) | peak RSS (MiB) "
+             "| refusal classes |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in TARGETS:
         rows = [report[str(k)][name] for k in ran if name in report.get(str(k), {})]
         if not rows:
             continue
         cases = sum(r["cases"] for r in rows)
         secs = sum(r["seconds"] for r in rows)
-        rss = f"{rows[0]['rss_kb']['start'] / 1024:.0f} → {rows[-1]['rss_kb']['end'] / 1024:.0f}"
+        growth = max(r["rss_kb"]["growth"] for r in rows) / 1024
+        peak = max(r["rss_kb"]["peak_end"] for r in rows) / 1024
         lines.append(f"| {name} | {len(rows)} | {cases:,} | {sum(r['crashes'] for r in rows)} | "
-                     f"{sum(r['hangs'] for r in rows)} | {cases / secs:.0f} | {rss} | "
+                     f"{sum(r['hangs'] for r in rows)} | {cases / secs:.0f} | {growth:.1f} | {peak:.0f} | "
                      f"{len({c for r in rows for c in r['refusals']})} |")
     all_cases = sum(t["cases"] for t in tot.values())
     lines += ["", f"Stored in perf/results/fuzz.json over all slices of {m} run so far: {all_cases:,} cases, "
               f"{sum(t['crashes'] for t in tot.values())} crashes, {sum(t['hangs'] for t in tot.values())} hangs.", ""]
     return "\n".join(lines) + "\n"
+
+
+def load_slices(out: Path, m: int, cases: int) -> dict:
+    """The slices stored in `out` for this slicing (M and --cases); {} for another one or none."""
+    try:
+        stored = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return {}
+    if stored.get("slices_of") != m or stored.get("cases_requested") != cases:
+        return {}  # another slicing: a new report
+    return stored.get("slices", {})
+
+
+def store(out: Path, m: int, cases: int, k: int, name: str, result: dict, command: str, limit: float) -> dict:
+    """Merge one target's slice result into `out` under a lock (several runs may share the file:
+    parallel slices, CI jobs); returns every slice stored."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        slices = load_slices(out, m, cases)
+        slices.setdefault(str(k), {})[name] = result
+        slices = dict(sorted(slices.items(), key=lambda kv: int(kv[0])))
+        doc = {"cases_requested": cases, "slices_of": m, "machine": cpu(),
+               "commit": git_revision("extproc", "backends", "tests/fuzz"), "command": command,
+               "case_limit_s": limit, "slices": slices, "totals": totals(slices)}
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+        tmp.replace(out)
+    return slices
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1,000 cases per target; prints, writes only --out if given")
     ap.add_argument("--chunk", type=int, default=500, help="examples per hypothesis engine run (default 500)")
     ap.add_argument("--no-write", action="store_true", help="do not append a section to perf/RESULTS.md")
+    ap.add_argument("--report", action="store_true",
+                    help="run nothing: append a RESULTS.md section from the slices --out holds for this slicing")
     args = ap.parse_args(argv)
     names = args.target or list(TARGETS)
     if args.quick:
@@ -254,15 +289,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     from tests.fuzz.harness import CASE_LIMIT_S
 
-    stored = {}
-    if out is not None and out.exists():
-        try:
-            stored = json.loads(out.read_text())
-        except ValueError:
-            stored = {}
-        if stored.get("slices_of") != m or stored.get("cases_requested") != args.cases:
-            stored = {}  # another slicing: start a new report
-    slices = stored.get("slices", {})
+    if args.report:  # no run: a RESULTS.md section from what the report holds (every slice run so far)
+        slices = load_slices(out or DEFAULT_OUT, m, args.cases)
+        done = sorted(int(k) for k in slices)
+        if not done:
+            raise SystemExit(f"{out or DEFAULT_OUT}: no slice of {m} with --cases {args.cases} recorded")
+        with (HERE / "RESULTS.md").open("a") as f:
+            f.write("\n" + results_section(command, m, done, slices, totals(slices), started))
+        return 0
+    slices: dict = {}  # what this run did; merged into --out after every target
     for k in ks:
         report = slices.setdefault(str(k), {})
         for name in names:
@@ -276,18 +311,14 @@ def main(argv: list[str] | None = None) -> int:
             for kind, e in r["crash_kinds"].items():
                 print(f"  {'HANG' if e['hang'] else 'CRASH'} x{e['count']}: {kind} -> {e.get('minimal_example_file')}")
             if out is not None:  # written after every target: an interrupted run keeps what it did
-                doc = {"cases_requested": args.cases, "slices_of": m, "machine": cpu(),
-                       "commit": git_revision("extproc", "backends", "tests/fuzz"), "command": command,
-                       "case_limit_s": CASE_LIMIT_S, "slices": slices, "totals": totals(slices)}
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    tot = totals(slices)
+                merged = store(out, m, args.cases, k, name, r, command, CASE_LIMIT_S)
+    tot = totals(merged if out is not None else slices)
     for name, t in tot.items():
         print(f"total {name}: {t['cases']} cases over {t['slices']} slice(s), {t['crashes']} crashes, "
               f"{t['hangs']} hangs, {t['cases_per_s']}/s, max RSS growth {t['max_rss_growth_kb']} KiB")
     if not args.quick and not args.no_write:
         with (HERE / "RESULTS.md").open("a") as f:
-            f.write("\n" + results_section(command, m, ks, slices, tot, started))
+            f.write("\n" + results_section(command, m, ks, merged if out is not None else slices, tot, started))
     return 1 if any(t["crashes"] or t["hangs"] for t in tot.values()) else 0
 
 
