@@ -4,6 +4,7 @@
 # are root; otherwise one line says why and the script exits 2 (bench_overhead then skips the floor).
 # Rebuilds only when ext_proc.proto, floor_server.cc or this script changed (a hash in .tools/floor/stamp).
 # Usage: perf/floor/build.sh   (or `make floor`); prints the binary's path on its last line.
+# FLOOR_NO_INSTALL=1: never apt-get (the tests build the floor only when the packages are there).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -13,6 +14,10 @@ BIN="$OUT/ext_proc_floor"
 have() { command -v protoc >/dev/null && command -v grpc_cpp_plugin >/dev/null && command -v g++ >/dev/null \
          && pkg-config --exists grpc++ protobuf 2>/dev/null; }
 if ! have; then
+  if [ "${FLOOR_NO_INSTALL:-}" = 1 ]; then
+    echo "floor: libgrpc++-dev/protobuf-compiler-grpc not installed (FLOOR_NO_INSTALL=1: not installing them)" >&2
+    exit 2
+  fi
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
     echo "floor: libgrpc++-dev/protobuf-compiler-grpc missing and cannot apt-get install them (not root or no apt)" >&2
     exit 2
