@@ -593,14 +593,20 @@ def drift_check(hours: float, seed: int = 1, *, arms: Any = None, users: int = U
               "offset_sd_pp": round(statistics.pstdev(offsets), 3) if len(offsets) > 1 else None}
     conc = activity_concentration(zipf_cum_weights(users))
     wf = DRIFT_WEIGHT_BP / BUCKETS
-    return {"goal": f"canary share of requests per hour within +-{DRIFT_TOLERANCE_PP:g} pp of the weight",
-            "ok": main["ok"], "hours": hours, "rate_rps": RATE_RPS, "users": users, "churn_per_hour": DRIFT_CHURN,
+    slopes = [r["slope_pp_per_hour"] for r in runs if r["slope_pp_per_hour"] is not None]
+    toward = statistics.fmean(slopes) * hours if slopes else None  # needs 2 slices or more
+    return {"goal": f"canary share of requests per hour within +-{DRIFT_TOLERANCE_PP:g} pp of the weight, in every "
+                    f"hour of every population",
+            "ok": all(r["ok"] for r in runs), "hours": hours, "rate_rps": RATE_RPS, "users": users, "churn_per_hour": DRIFT_CHURN,
             "activity": {"zipf_s": ZIPF_S, "zipf_q": ZIPF_Q, "sum_p2": round(conc, 6),
                          "top_user_share_pct": round(100 * (1 / (1 + ZIPF_Q) ** ZIPF_S) / zipf_cum_weights(users)[-1], 4),
                          "share_sd_from_user_choice_pp": round(100 * math.sqrt(wf * (1 - wf) * conc), 3)},
             "sticky": main, "counterexample": counter, "populations": across,
-            "trend_ok": all(r["slope_pp_per_hour"] is not None and abs(r["slope_pp_per_hour"]) * hours
-                            < DRIFT_TOLERANCE_PP for r in runs)}
+            # drift toward the canary (the Flagger #1532 failure): the populations' mean trend over the run
+            "toward_canary_pp": None if toward is None else round(toward, 3),
+            "trend_ok": toward is not None and toward < DRIFT_TOLERANCE_PP,
+            "counterexample_toward_canary_pp": round(counter["slope_pp_per_hour"] * hours, 3)
+            if counter["slope_pp_per_hour"] is not None else None}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -650,8 +656,9 @@ def summary(name: str, c: dict[str, Any]) -> dict[str, Any]:
         return {x["case"]: {k: x[k] for k in ("ok", "rolled_back", "within_window", "rollback_s_median", "rollback_s_p95",
                                               "canary_requests_median", "canary_requests_p95")} for x in c["cases"]}
     if name == "drift":
-        return {"ok": c["ok"], "max_abs_deviation_pp": c["sticky"]["max_abs_deviation_pp"],
-                "slope_pp_per_hour": c["sticky"]["slope_pp_per_hour"],
+        return {"ok": c["ok"], "populations_within": f"{c['populations']['runs_within_every_hour']}/"
+                f"{c['populations']['runs']}", "max_abs_deviation_pp": c["populations"]["max_abs_deviation_pp"],
+                "toward_canary_pp": c["toward_canary_pp"], "trend_ok": c["trend_ok"],
                 "counterexample_final_share_pct": c["counterexample"]["slices"][-1]["canary_share_pct"]
                 if c["counterexample"]["slices"] else None}
     return c
@@ -773,9 +780,12 @@ def results_text(doc: dict[str, Any]) -> str:
                      f"{d['hours']:g} h; {d['populations']['runs_within_every_hour']}/{d['populations']['runs']} "
                      f"populations within at every hour (worst per population "
                      f"{', '.join(_f(x, 2) for x in d['populations']['max_abs_deviation_pp'])} pp; slopes "
-                     f"{', '.join(f'{x:+.3f}' for x in d['populations']['slope_pp_per_hour'])} pp/h); cookie affinity "
+                     f"{', '.join(f'{x:+.3f}' for x in d['populations']['slope_pp_per_hour'])} pp/h, mean trend "
+                     f"{_f(d['toward_canary_pp'], 2)} pp over the run: no drift toward the canary "
+                     f"{'(met)' if d['trend_ok'] else '(**NOT met**)'}); cookie affinity "
                      f"(Flagger #1532): {ce['slices'][0]['canary_share_pct']:.1f} % → "
-                     f"{ce['slices'][-1]['canary_share_pct']:.1f} % | {_yes(d['ok'])} |")
+                     f"{ce['slices'][-1]['canary_share_pct']:.1f} % ({_f(d['counterexample_toward_canary_pp'], 1)} pp) "
+                     f"| {_yes(d['ok'])} |")
     lines.append("")
     if "detection" in c:
         d = c["detection"]
@@ -795,6 +805,12 @@ def results_text(doc: dict[str, Any]) -> str:
         lines.append("| sticky hash % | " + " | ".join(_f(s["canary_share_pct"], 2) for s in st["slices"]) + " |")
         lines.append("| cookie affinity % | " + " | ".join(_f(s["canary_share_pct"], 1) for s in ce["slices"]) + " |")
         lines.append("")
+        lines.append(f"A sticky split's share of requests is off its weight by the activity of the users the hash put "
+                     f"in the canary (spread {d['activity']['share_sd_from_user_choice_pp']:.2f} pp here, sum p_i^2 = "
+                     f"{d['activity']['sum_p2']:g}), and that offset wanders as users churn; a trend toward the canary "
+                     f"is the failure to look for: {_f(d['toward_canary_pp'], 2)} pp over the run on average here, "
+                     f"{_f(d['counterexample_toward_canary_pp'], 1)} pp with cookie affinity. Populations' mean offsets: "
+                     f"{', '.join(f'{x:+.2f}' for x in d['populations']['mean_offset_pp'])} pp.\n")
     return "\n".join(lines) + "\n"
 
 

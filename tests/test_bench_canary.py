@@ -143,9 +143,10 @@ def test_drift_sticky_hash_holds_and_cookie_affinity_drifts_toward_the_canary():
 
 
 def test_drift_check_summarises_populations():
-    d = bc.drift_check(1, populations=2, users=5000)
+    d = bc.drift_check(2, populations=2, users=5000)
     assert d["populations"]["runs"] == 2 and len(d["populations"]["slope_pp_per_hour"]) == 2
-    assert d["ok"] == d["sticky"]["ok"] and d["counterexample"]["ok"] is False
+    assert d["ok"] == (d["populations"]["runs_within_every_hour"] == 2) and d["counterexample"]["ok"] is False
+    assert d["trend_ok"] is (d["toward_canary_pp"] < 1.0) and d["counterexample_toward_canary_pp"] > 1.0
     assert d["activity"]["share_sd_from_user_choice_pp"] > 0
 
 
