@@ -48,7 +48,7 @@ from extproc.config.snapshot import DESTINATION_HEADER, LB_METADATA_NAMESPACE
 from extproc.errors import reject
 from extproc.request import parse_json_body, parse_openai
 from extproc.scheduling import NoCapacity
-from extproc.stages.dispatch import no_capacity
+from extproc.stages.dispatch import dispatched, no_capacity
 from extproc.types import CONTINUE, HINT_HEADERS, Mutate, Outcome, Phase, Reject, RequestState
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,7 @@ def decide(state: RequestState, headers: Any, raw: bytes,
     if not picks:  # a picker that names none here (pinned outside the subset): the first candidate
         picks = candidates[:1]
     value = ",".join(picks)
-    state.endpoint = picks[0]
-    state.runtime.inflight.started(picks[0])
+    dispatched(state, picks[0])
     return Mutate(set_headers=((DESTINATION_HEADER, value),), clear_route_cache=True,
                   dynamic_metadata=((LB_METADATA_NAMESPACE, {DESTINATION_HEADER: value}),)), out
 

@@ -41,21 +41,31 @@ class InferenceRequest:
     tenant: str | None = None
     session_key: str | None = None  # OpenAI `user`, when the client set it
     body: dict[str, Any] | None = field(default=None, repr=False)  # the parsed JSON body, when there is one
+    _text: str | None = field(default=None, repr=False, compare=False)  # prompt_text(), once built
 
     def prompt_text(self) -> str:
-        """The prompt as one string: `prompt`, else the messages' text contents in order."""
+        """The prompt as one string: `prompt`, else the messages' text contents in order (built once)."""
         if self.prompt is not None:
             return self.prompt
+        if self._text is not None:
+            return self._text
         if self.api == "document" and self.body is not None:
-            return orjson.dumps(self.body).decode()  # our routes: the client document is the prompt's source
-        parts: list[str] = []
-        for m in self.messages:
-            content = m.get("content")
-            if isinstance(content, str):
-                parts.append(content)
-            elif isinstance(content, list):
-                parts.extend(c.get("text", "") for c in content if isinstance(c, dict))
-        return "\n".join(parts)
+            text = orjson.dumps(self.body).decode()  # our routes: the client document is the prompt's source
+        else:
+            parts: list[str] = []
+            for m in self.messages:
+                content = m.get("content")
+                if isinstance(content, str):
+                    parts.append(content)
+                elif isinstance(content, list):
+                    parts.extend(c.get("text", "") for c in content if isinstance(c, dict))
+            text = "\n".join(parts)
+        self._text = text
+        return text
+
+    def prompt_tokens_estimate(self) -> int:
+        """The prompt's tokens, estimated as one per 4 characters (nothing is tokenised in the gateway)."""
+        return len(self.prompt_text()) // 4
 
 
 def parse_json_body(raw: bytes, *, allow_empty: bool = False) -> dict[str, Any] | Reject | None:

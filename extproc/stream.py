@@ -35,7 +35,7 @@ from extproc.config.snapshot import (DEBUG_METADATA_KEY, DIGEST_METADATA_KEY, RO
 from extproc.errors import reject
 from extproc.metrics import Pending, ProcessorMetrics
 from extproc.runtime import Runtime
-from extproc.stages.dispatch import FALLBACK_ATTR
+from extproc.stages.dispatch import FALLBACK_ATTR, prefilled
 from extproc.types import HINT_HEADERS, Mutate, Outcome, Phase, Reject, RequestState, Respond
 
 log = logging.getLogger(__name__)
@@ -244,6 +244,8 @@ class ExtProcService:
                             state.served = attrs.get("upstream.address") or None
                     if phase is _RESPONSE_BODY and state.first_body is None and msg.body:
                         state.first_body = time.monotonic()
+                        if state.inflight is not None:  # a pick's prefill is done at its first token
+                            prefilled(state)
                     if phase is _RESPONSE_HEADERS and msg.headers:
                         state.response_status = _status(msg.headers.get(":status"))
                     elif phase is _REQUEST_HEADERS and msg.headers:

@@ -164,6 +164,9 @@ class RequestState:
     backend: str | None = None  # the name of the backend chosen by dispatch
     target: Any = None  # that backend (extproc.config.snapshot.Backend)
     endpoint: str | None = None  # "ip:port" the processor picked (None: Envoy balances)
+    # what the pick counts in the in-flight table until the request ends: (tokens, prefill tokens still
+    # pending: the prefill is done at the first response body, extproc/stages/dispatch.dispatched)
+    inflight: tuple[int, int] | None = None
     variant: str | None = None  # the variant chosen by dispatch (canary), if any
     request: Any = None  # extproc.request.InferenceRequest
     input_doc: Any = None

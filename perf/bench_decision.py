@@ -13,9 +13,9 @@ never goes stale. Requests are bench_routing's `shared-prefix` workload (16 grou
 system prompts, 256-token questions, 2 turns, 2 LoRA groups; fresh text per condition), each parsed
 by `parse_openai` into its own `RequestState` before it is timed. After each pick its endpoint's
 in-flight count is taken (`inflight.started`, as dispatch does); once 4 later picks have been made
-the request ends: its first token is marked (`state.first_body`, which predicted-ttft-scorer's list
-of requests awaiting a first token drops) and its count released (`inflight.finished`), so a few
-requests are always in flight and no plugin's per-request state grows without bound.
+the request ends: its first token is marked (`state.first_body`, and its pending prefill leaves the
+in-flight table: `dispatch.prefilled`) and it is released (`dispatch.release`), so a few requests are
+always in flight and no plugin's per-request state grows without bound.
 
 Per policy (`--policies`, default epp-default, adapter-gateway, random; round-robin and
 least-request have no picker, the oracle asks live simulators) it reports the decision's p50 and
@@ -115,20 +115,33 @@ class Bench:
         return out
 
     def dispatched(self, picks: tuple[str, ...], state: Any = None) -> None:
-        """Dispatch's in-flight count for the pick; the oldest held request ends."""
+        """Dispatch's in-flight count for the pick (`extproc.stages.dispatch.dispatched`: the request,
+        its tokens and its pending prefill); the oldest held request ends."""
+        from extproc.stages.dispatch import dispatched
+
         if not picks:
             return
-        self.runtime.inflight.started(picks[0])
+        if state is not None:
+            dispatched(state, picks[0])
+        else:
+            self.runtime.inflight.started(picks[0])
         self.held.append((picks[0], state))
         if len(self.held) > IN_FLIGHT:
             self.end(*self.held.popleft())
 
     def end(self, endpoint: str, state: Any) -> None:
-        """A held request got its first token and finished: plugins that keep requests until their first
-        token (predicted-ttft-scorer's `ahead`) let it go, and its in-flight count is released."""
-        if state is not None and state.first_body is None:
+        """A held request got its first token (its pending prefill leaves the in-flight table, as the
+        stream's first response body does) and finished (the lifecycle's release)."""
+        from extproc.stages.dispatch import prefilled, release
+        from extproc.types import Outcome
+
+        if state is None:
+            self.runtime.inflight.finished(endpoint)
+            return
+        if state.first_body is None:
             state.first_body = time.monotonic()
-        self.runtime.inflight.finished(endpoint)
+            prefilled(state)
+        release(state, Outcome.OK)
 
     def release_all(self) -> None:
         while self.held:

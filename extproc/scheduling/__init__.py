@@ -104,18 +104,36 @@ class SchedulingContext:
 
 
 INFLIGHT_COUNTS = "inflight_counts"  # ctx.cycle: (candidates, their in-flight counts)
+INFLIGHT_LOADS = "inflight_loads"  # ctx.cycle: (candidates, their (requests, tokens, pending prefill) in flight)
+# state.attrs: the prompt tokens the picked endpoint must compute (its uncached part), set by a plugin's
+# picked hook that knows what the endpoint holds (prefix-cache-scorer); dispatch counts it as the pick's
+# pending prefill in the in-flight table (else the whole prompt counts)
+PREFILL_ATTR = "inflight.prefill_tokens"
+
+
+def inflight_loads(ctx: Any, runtime: Any, candidates: tuple[str, ...]) -> dict[str, tuple[int, int, int]]:
+    """The candidates' gateway-wide (requests, tokens, pending prefill tokens) in flight, read once per
+    decision (`ctx.cycle`) for every plugin that needs them (one pass over the workers' tables;
+    without a decision context, e.g. a plugin called directly, a fresh read)."""
+    cycle = getattr(ctx, "cycle", None)
+    if cycle is None:
+        return runtime.inflight.loads(candidates)
+    found = cycle.get(INFLIGHT_LOADS)
+    if found is None or found[0] != candidates:
+        found = cycle[INFLIGHT_LOADS] = (candidates, runtime.inflight.loads(candidates))
+    return found[1]
 
 
 def inflight_counts(ctx: Any, runtime: Any, candidates: tuple[str, ...]) -> dict[str, int]:
-    """The candidates' gateway-wide in-flight counts, read once per decision (`ctx.cycle`) for every
-    plugin that needs them (in-flight-scorer, predicted-ttft-scorer): one pass over the workers' tables
-    (without a decision context, e.g. a plugin called directly, a fresh read)."""
+    """The candidates' gateway-wide in-flight request counts: from the same one read per decision as
+    `inflight_loads` (in-flight-scorer, predicted-ttft-scorer)."""
     cycle = getattr(ctx, "cycle", None)
     if cycle is None:
         return runtime.inflight.counts(candidates)
     found = cycle.get(INFLIGHT_COUNTS)
     if found is None or found[0] != candidates:
-        found = cycle[INFLIGHT_COUNTS] = (candidates, runtime.inflight.counts(candidates))
+        loads = inflight_loads(ctx, runtime, candidates)
+        found = cycle[INFLIGHT_COUNTS] = (candidates, {e: v[0] for e, v in loads.items()})
     return found[1]
 
 
@@ -203,4 +221,4 @@ def plugin_types() -> Mapping[str, type]:
 
 
 __all__ = ["plugin_types", "Parameters", "Plugin", "SchedulingContext", "NoCapacity", "Filter", "Scorer",
-           "Picker", "SLOTS", "inflight_counts"]
+           "Picker", "SLOTS", "inflight_counts", "inflight_loads", "PREFILL_ATTR"]

@@ -14,11 +14,14 @@ decisions between scrapes do not herd onto the same endpoint:
       cache size in tokens (vLLM admits a request only while its KV blocks fit: a 16K-token cache
       runs six 2.6K-token requests, not eight), request_tokens = prompt bytes / `bytesPerToken` +
       the request's max_tokens;
-  ahead_kb(e): the uncached kilobytes of this worker's requests sent to e that have no first token
-      yet (their prefill shares the engine's next steps: two prompts that arrive together are
-      prefilled together, and the second's first token waits for both; without this term every
-      prediction of an all-cold workload ties and requests pile onto the fastest nodes), learned
-      from the picks (`picked`), ended by the stream's first response body bytes or the request's end;
+  ahead_kb(e): the kilobytes still to prefill of the requests in flight to e that have no first
+      token yet, gateway-wide (their prefill shares the engine's next steps: two prompts that arrive
+      together are prefilled together, and the second's first token waits for both; without this
+      term every prediction of an all-cold workload ties and requests pile onto the fastest nodes):
+      the in-flight table's pending prefill tokens (`extproc/datalayer/inflight.py` `loads`: each
+      pick adds its uncached prompt tokens, as prefix-cache-scorer estimates them, else the whole
+      prompt; the stream's first response body bytes or the request's end take them back) x
+      `bytesPerToken` / 1000;
   speed(e): the endpoint's relative throughput from its `speedLabel` label (default 1: an older
       GPU at half the speed is labelled 0.5);
   predicted(e) = (base + prefill * (uncached_kb(e) + ahead_kb(e)) + slotWait * wait(e)) / speed(e)   [ms].
@@ -41,13 +44,12 @@ Parameters: `ttftSloMs` (1000), `baseMs` (30), `prefillMsPerKb` (8: about 33 us 
 per token, an 8B model on one H100), `slotWaitMs` (50), `slots` (256, vLLM's default
 `--max-num-seqs`), `slotsLabel` ("max-num-seqs"), `kvTokensLabel` ("kv-tokens"), `bytesPerToken` (4),
 `speedLabel` ("speed"), `learn` (true),
-`minSamples` (32), `forgetting` (0.995: about 200 requests of memory), `ridge` (0.001),
-`aheadLimit` (1024: requests remembered per endpoint awaiting their first token; the oldest go first).
-Data consumed: the prefix index match and prompt length (ctx.cycle), in-flight counts, endpoint
-labels, the SLO header, each finished streamed request's TTFT (this plugin's `on_done`, which
-the `Plugin` base registers on the lifecycle's observers). `ahead_kb` is per worker: with N workers
-each knows the prefills it sent itself (about 1/N of them). Cost: one in-flight read for the
-candidates and a few multiplications per candidate (about 3 us for 8 endpoints warm on this
+`minSamples` (32), `forgetting` (0.995: about 200 requests of memory), `ridge` (0.001).
+Data consumed: the prefix index match and prompt length (ctx.cycle), in-flight requests and pending
+prefill tokens (gateway-wide, one read shared with the profile's other plugins), endpoint labels,
+the SLO header, each finished streamed request's TTFT (this plugin's `on_done`, which the `Plugin`
+base registers on the lifecycle's observers; the fit is per worker). Cost: one in-flight read for
+the candidates and a few multiplications per candidate (about 8 us for 8 endpoints warm on this
 2-core machine); per finished request one 3x3 solve, in the observer, off the decision.
 """
 
@@ -58,7 +60,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from extproc.scheduling import Parameters, Plugin, inflight_counts
+from extproc.scheduling import Parameters, Plugin, inflight_loads
 from extproc.scheduling.prefix_cache_scorer import PREFIX_MATCH, PROMPT_BYTES
 from extproc.scheduling.selectors import PerCandidates, positive_label
 from extproc.scheduling.ttft_headroom_scorer import TtftModel, request_slo_ms
@@ -79,7 +81,6 @@ class PredictedTtftParameters(Parameters):
     min_samples: int = Field(default=32, alias="minSamples", ge=3)
     forgetting: float = Field(default=0.995, gt=0.0, le=1.0)
     ridge: float = Field(default=1e-3, ge=0.0)
-    ahead_limit: int = Field(default=1024, alias="aheadLimit", ge=1)
 
 
 class PredictedTtftScorer(Plugin):
@@ -92,8 +93,6 @@ class PredictedTtftScorer(Plugin):
         super().__init__(name, params, runtime)
         self.model = TtftModel(params.forgetting, params.ridge)
         self.key = f"predicted-ttft:{name}"  # state.attrs: the features of each candidate scored
-        # endpoint -> {id(state): (state, uncached KB)} of picks still waiting for their first token
-        self.ahead: dict[str, dict[int, tuple[Any, float]]] = {}
         self._facts = PerCandidates()  # candidate tuple -> [(slots, speed, kv tokens or None) per candidate]
         self._coefficients: tuple[Any, Any, bool, tuple[float, float, float]] | None = None  # (params, theta, usable, out)
 
@@ -144,23 +143,22 @@ class PredictedTtftScorer(Plugin):
         prompt_kb = prompt_bytes / 1000.0
         max_tokens = (req.max_tokens or 0) if req is not None else 0
         request_tokens = prompt_bytes / self.params.bytes_per_token + max_tokens
-        counts = inflight_counts(ctx, self.runtime, candidates)
+        loads = inflight_loads(ctx, self.runtime, candidates)
         base, slot_wait, prefill = self.coefficients()
         slo = self.slo_ms(ctx.state)
         features: dict[str, tuple[float, float, float, float]] = {}
         out: dict[str, float] = {}
-        ahead = self.ahead
-        ahead_kb = self.ahead_kb
+        kb_per_token = self.params.bytes_per_token / 1000.0
         for e, (slots, speed, kv_tokens) in zip(candidates, self.facts_of(ctx.labels, candidates)):
-            waiting_prefill = ahead.get(e)
-            kb_ahead = ahead_kb(waiting_prefill) if waiting_prefill else 0.0
+            running, _tokens, pending_prefill = loads[e]
+            kb_ahead = pending_prefill * kb_per_token
             if kv_tokens is not None and request_tokens > 0:  # min(slots, max(1, floor(kv / request tokens)))
                 fit = kv_tokens // request_tokens
                 if fit < 1.0:
                     fit = 1.0
                 if fit < slots:
                     slots = fit
-            wait = counts[e] + 1 - slots
+            wait = running + 1 - slots
             if wait < 0:
                 wait = 0.0
             m = match.get(e)
@@ -172,43 +170,12 @@ class PredictedTtftScorer(Plugin):
             ctx.state.attrs[self.key] = features
         return out
 
-    @staticmethod
-    def ahead_kb(waiting: dict[int, tuple[Any, float]]) -> float:
-        """Uncached KB of the picks that have no first token yet (a first body, or done, drops them)."""
-        total = 0.0
-        gone = []
-        for k, (st, kb) in waiting.items():
-            if st.first_body is None:
-                total += kb
-            else:
-                gone.append(k)
-        for k in gone:
-            del waiting[k]
-        return total
-
-    def picked(self, ctx: Any, endpoint: str) -> None:
-        state = ctx.state
-        features = state.attrs.get(self.key) if state is not None else None
-        x = features.get(endpoint) if features else None
-        if x is None:
-            return
-        waiting = self.ahead.get(endpoint)
-        if waiting is None:
-            waiting = self.ahead[endpoint] = {}
-        waiting[id(state)] = (state, x[1])
-        while len(waiting) > self.params.ahead_limit:
-            del waiting[next(iter(waiting))]
-
     def predicted_ms(self, wait: float, uncached_kb: float, speed: float = 1.0) -> float:
         base, slot_wait, prefill = self.coefficients()
         return (base + slot_wait * wait + prefill * uncached_kb) / speed
 
     def on_done(self, state: Any, outcome: Outcome) -> None:
         features = state.attrs.get(self.key)
-        if features:
-            for waiting in self.ahead.values():
-                if waiting.pop(id(state), None) is not None:
-                    break
         if not self.params.learn or outcome is not Outcome.OK:
             return
         if not features or state.request is None or not state.request.stream:

@@ -62,7 +62,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from extproc.scheduling import Parameters, Plugin
+from extproc.scheduling import PREFILL_ATTR, Parameters, Plugin
 from extproc.scheduling.selectors import positive_label
 
 try:  # the C inner loops (setup.py builds them; optional): the same results, about half the cost
@@ -210,6 +210,10 @@ class PrefixCacheScorer(Plugin):
 
     def picked(self, ctx: Any, endpoint: str) -> None:
         hashes = self.hashes(ctx)
+        state = getattr(ctx, "state", None)
+        if state is not None and ctx.request is not None:  # what the pick must prefill: its uncached part
+            share = (ctx.cycle.get(PREFIX_MATCH) or {}).get(endpoint, 0.0)
+            state.attrs[PREFILL_ATTR] = int(ctx.request.prompt_tokens_estimate() * (1.0 - share))
         if not hashes:
             return
         lru = self.index.get(endpoint)

@@ -31,7 +31,7 @@ from canary.assign import RequestFacts, decide
 from extproc.config.snapshot import (BACKEND_HEADER, DESTINATION_HEADER, LB_METADATA_NAMESPACE, ROUTE_TARGET_HEADER,
                                      VARIANT_HEADER, VARIANT_METADATA_KEY, VARIANT_METADATA_NAMESPACE)
 from extproc.errors import reject
-from extproc.scheduling import NoCapacity
+from extproc.scheduling import PREFILL_ATTR, NoCapacity
 from extproc.types import HttpMessage, Mutate, Outcome, Reject, RequestState, Verdict
 
 RETRY_AFTER_S = 1  # Retry-After of a sheddable request refused because no endpoint is left
@@ -70,8 +70,7 @@ def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None 
             return refusal
         if picks:
             value = ",".join(picks)
-            state.endpoint = picks[0]
-            state.runtime.inflight.started(picks[0])
+            dispatched(state, picks[0])
             set_headers += ((DESTINATION_HEADER, value),)
             metadata += ((LB_METADATA_NAMESPACE, {DESTINATION_HEADER: value}),)
     return Mutate(set_headers=set_headers, body=body, clear_route_cache=True, dynamic_metadata=metadata)
@@ -111,10 +110,34 @@ def no_capacity(e: NoCapacity) -> Reject:
     return reject(503, "no_capacity", f"{where} to serve this request", profile=e.profile, backend=e.backend)
 
 
+def dispatched(state: RequestState, endpoint: str) -> None:
+    """The pick goes to `endpoint`: it counts in the gateway-wide in-flight table with its estimated
+    tokens (prompt + max_tokens: what it holds in the engine's KV cache) and prefill tokens (pending
+    until the first response body, `prefilled`); `release` takes both back at the end."""
+    state.endpoint = endpoint
+    req = state.request
+    prompt = req.prompt_tokens_estimate() if req is not None else 0
+    tokens = prompt + ((req.max_tokens or 0) if req is not None else 0)
+    prefill = state.attrs.get(PREFILL_ATTR, prompt)
+    state.inflight = (tokens, prefill)
+    state.runtime.inflight.started(endpoint, tokens, prefill)
+
+
+def prefilled(state: RequestState) -> None:
+    """The first response body of a picked request: its prefill is done (the stream calls this)."""
+    held = state.inflight
+    if held is not None and held[1] and state.endpoint is not None and state.runtime is not None:
+        state.runtime.inflight.prefilled(state.endpoint, held[1])
+        state.inflight = (held[0], 0)
+
+
 def release(state: RequestState, outcome: Outcome) -> None:
-    """The lifecycle observer that ends a pick's in-flight count (the runtime registers it)."""
+    """The lifecycle observer that ends a pick's in-flight count, tokens and any prefill still pending
+    (the runtime registers it)."""
     if state.endpoint is not None and state.runtime is not None:
-        state.runtime.inflight.finished(state.endpoint)
+        tokens, prefill = state.inflight or (0, 0)
+        state.runtime.inflight.finished(state.endpoint, tokens, prefill)
+        state.inflight = None
 
 
 class DispatchAtHeaders:

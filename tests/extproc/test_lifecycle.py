@@ -563,3 +563,34 @@ def test_a_stream_side_duration_is_the_time_since_the_start():
     st.started = started
     lc.stream_ended(st, "end")
     assert 0 <= seen[0].duration <= time.monotonic() - started
+
+
+async def test_a_picks_pending_prefill_ends_at_the_first_response_body_and_the_rest_at_its_end(monkeypatch):
+    """A picked request counts (tokens, prefill) in the in-flight table (dispatch.dispatched); the
+    stream's first response body bytes take the prefill back (the engine sends the first token only
+    after it), the request's end the tokens and the request; without a response body, the end takes
+    everything back."""
+    svc, rec, _ = service(feedback=True)
+    rt = svc.runtime
+    ep = "10.0.0.9:8000"
+    real_start = rt.lifecycle.start
+    seen = []
+
+    def start(state):  # what dispatch does for a pick, at the stream's start (this route picks none)
+        state.endpoint, state.inflight = ep, (300, 200)
+        rt.inflight.started(ep, 300, 200)
+        return real_start(state)
+
+    monkeypatch.setattr(rt.lifecycle, "start", start)
+    # observers run in order and the runtime's release is the first: one put before it sees the table
+    # as the request leaves it
+    rt.lifecycle.observers.insert(0, lambda st, o: seen.append(("before release", rt.inflight.loads([ep])[ep],
+                                                                 st.inflight)))
+    reqs = recorded("v1-analyze-rec-llm-ok.txtpb")
+    await run_stream(svc, "v1-analyze", reqs, "eof")
+    assert rt.inflight.loads([ep]) == {ep: (0, 0, 0)}  # after release: nothing left
+    assert ("before release", (1, 300, 0), (300, 0)) in seen  # the body came: prefill done, tokens still in
+    seen.clear()
+    await run_stream(svc, "v1-analyze", reqs[:3], "eof")  # no response body: the prefill stays pending...
+    assert ("before release", (1, 300, 200), (300, 200)) in seen
+    assert rt.inflight.loads([ep]) == {ep: (0, 0, 0)}  # ...until the end takes it back

@@ -73,8 +73,8 @@ def test_count_is_never_negative():
 
 def test_workers_sum_each_others_counts(tmp_path, clock):
     w0, w1 = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["inflight-0.bin", "inflight-1.bin"]
-    assert (tmp_path / "inflight-0.bin").stat().st_size == inflight.SLOTS * 24
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inflight2-0.bin", "inflight2-1.bin"]
+    assert (tmp_path / "inflight2-0.bin").stat().st_size == inflight.SLOTS * 56
     bump(w0, EP, started=2)
     bump(w1, EP, started=3, finished=1)
     bump(w1, OTHER, started=1)
@@ -126,8 +126,8 @@ def test_a_worker_added_later_is_seen_after_the_relisting(tmp_path, clock):
 
 
 def test_other_files_in_the_directory_are_ignored(tmp_path, clock):
-    (tmp_path / "inflight-x.bin").write_bytes(b"\xff" * 64)
-    (tmp_path / "inflight-7.tmp123").write_bytes(b"\xff" * 64)
+    (tmp_path / "inflight2-x.bin").write_bytes(b"\xff" * 64)
+    (tmp_path / "inflight2-7.tmp123").write_bytes(b"\xff" * 64)
     (tmp_path / "notes.txt").write_text("hi")
     w0 = InflightTable(tmp_path, 0)
     bump(w0, EP, started=1)
@@ -139,9 +139,9 @@ def test_a_replaced_worker_file_resets_that_workers_share(tmp_path, clock):
     bump(w0, EP, started=1)
     bump(w1, EP, started=4)
     assert w0.get(EP) == 5
-    ino = (tmp_path / "inflight-1.bin").stat().st_ino
+    ino = (tmp_path / "inflight2-1.bin").stat().st_ino
     w1b = InflightTable(tmp_path, 1)  # worker 1 restarted: a new file, zeroed
-    assert (tmp_path / "inflight-1.bin").stat().st_ino != ino
+    assert (tmp_path / "inflight2-1.bin").stat().st_ino != ino
     assert w1b.get(EP) == 1  # the restarted worker reads w0's count and its own zero
     clock.now += 0.9
     assert w0.get(EP) == 5  # w0 still maps the old file until its once-a-second re-check
@@ -155,7 +155,7 @@ def test_a_removed_worker_file_stops_counting(tmp_path, clock):
     w0, w1 = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
     bump(w1, EP, started=2)
     assert w0.get(EP) == 2
-    os.unlink(tmp_path / "inflight-1.bin")
+    os.unlink(tmp_path / "inflight2-1.bin")
     clock.now += 1.5
     assert w0.get(EP) == 0
 
@@ -236,8 +236,8 @@ def test_colliding_keys_probe_to_the_next_slot(monkeypatch):
     bump(t, EP, started=2)
     bump(t, other, started=1)  # same home slot: stored in the next one, counted apart
     assert t.get(EP) == 2 and t.get(other) == 1
-    assert t._own.find(endpoint_key(EP), insert=False) == home * 24
-    assert t._own.find(endpoint_key(other), insert=False) == ((home + 1) % 4) * 24
+    assert t._own.find(endpoint_key(EP), insert=False) == home * inflight._SLOT.size
+    assert t._own.find(endpoint_key(other), insert=False) == ((home + 1) % 4) * inflight._SLOT.size
     t.finished(other)
     assert t.get(EP) == 2 and t.get(other) == 0
 
@@ -256,3 +256,48 @@ def test_counts_reads_slot_zero_and_the_struct_path_of_big_endian_hosts(tmp_path
     for t in w0._tables():
         t.words = None
     assert w0.counts((at_zero, EP, OTHER)) == want == {e: w0.get(e) for e in want}
+
+
+# --- tokens and pending prefill --------------------------------------------------------------------
+
+
+def test_loads_sum_requests_tokens_and_pending_prefill():
+    t = InflightTable()
+    t.started(EP, tokens=300, prefill=256)
+    t.started(EP, tokens=100, prefill=0)
+    assert t.loads([EP]) == {EP: (2, 400, 256)}
+    t.prefilled(EP, 256)  # the first request's first token
+    assert t.loads([EP]) == {EP: (2, 400, 0)}
+    t.finished(EP, tokens=300)
+    assert t.loads([EP]) == {EP: (1, 100, 0)} and t.get(EP) == 1 and t.counts([EP]) == {EP: 1}
+    t.started(EP, tokens=50, prefill=40)
+    t.finished(EP, tokens=50, prefill=40)  # ended before its first token: its prefill leaves with it
+    t.finished(EP, tokens=100)
+    assert t.loads([EP, "10.9.9.9:1"]) == {EP: (0, 0, 0), "10.9.9.9:1": (0, 0, 0)}
+
+
+def test_loads_never_go_negative_and_ignore_nonpositive_amounts():
+    t = InflightTable()
+    t.finished(EP, tokens=10, prefill=5)  # an end without its start (a reload's race): clamped at 0
+    assert t.loads([EP]) == {EP: (0, 0, 0)}
+    t.started(EP, tokens=-5, prefill=-1)
+    t.prefilled(EP, -3)
+    assert t.loads([EP]) == {EP: (0, 0, 0)}  # the earlier finish still outweighs the one start
+
+
+def test_loads_are_summed_over_workers(tmp_path):
+    a, b = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
+    a.started(EP, tokens=10, prefill=8)
+    b.started(EP, tokens=20, prefill=16)
+    b.prefilled(EP, 16)
+    assert a.loads([EP]) == b.loads([EP]) == {EP: (2, 30, 8)}
+
+
+def test_loads_on_the_struct_path_equal_the_word_path(monkeypatch):
+    t = InflightTable()
+    t.started(EP, tokens=7, prefill=3)
+    words = t.loads([EP])
+    monkeypatch.setattr(t._own, "words", None)  # a big-endian host's path
+    t.started(EP, tokens=5, prefill=2)
+    t.prefilled(EP, 3)
+    assert words == {EP: (1, 7, 3)} and t.loads([EP]) == {EP: (2, 12, 2)} and t.get(EP) == 2

@@ -109,8 +109,8 @@ def test_a_decision_reads_the_in_flight_table_once_for_all_its_plugins(monkeypat
                       " {pluginRef: max-score-picker}]\n"))
     load(b.runtime, {E1: 2, E2: 1, E3: 2, E4: 1})
     reads = []
-    real = b.runtime.inflight.counts
-    monkeypatch.setattr(b.runtime.inflight, "counts", lambda eps: reads.append(eps) or real(eps))
+    real = b.runtime.inflight.loads
+    monkeypatch.setattr(b.runtime.inflight, "loads", lambda eps: reads.append(eps) or real(eps))
     assert b.decide()[0] in (E2, E4)
     assert reads == [(E1, E2, E3, E4)]  # one read, shared through the decision's cycle
     b.decide()

@@ -180,6 +180,8 @@ P2 = P1 + "".join(chr(ord("A") + i % 26) for i in range(1000))  # 8 blocks, the 
 
 
 def test_in_a_profile_the_prefix_scorers_match_makes_the_picked_endpoint_warm():
+    from extproc.stages.dispatch import dispatched, prefilled
+
     b = signal_built(PREFIX + plugins(),
                      "[{pluginRef: prefix-cache-scorer}, {pluginRef: s}, {pluginRef: max-score-picker}]", HEAD)
     s = plugin(b)
@@ -189,22 +191,30 @@ def test_in_a_profile_the_prefix_scorers_match_makes_the_picked_endpoint_warm():
     raw1 = st1.attrs["decision"]["scorers"][1]["raw"]
     assert raw1 == pytest.approx({E1: 0.962, E2: 0.924, E3: 0.962, E4: 0.962})
     assert pick in (E1, E3, E4)
+    dispatched(st1, pick)  # as dispatch does: P1 in flight there, its 250 uncached tokens pending prefill
+    assert b.runtime.inflight.loads([pick]) == {pick: (1, 250, 250)}
     st2 = new_state(b, prompt=P2)
     assert b.decide(st2) == (pick,)
     # the pick's index holds P1's 4 of P2's 8 blocks: 1 KB of 2 uncached there, 2 KB elsewhere
-    # and P1, picked there, has no first token yet: its 1 KB is ahead of P2's prefill there
+    # and P1, in flight there, has no first token yet: its 1 KB (250 tokens x 4 bytes) is ahead of P2's
     feats = st2.attrs[s.key]
     assert feats[pick] == pytest.approx((0.0, 1.0, 1.0, 1.0))
     assert all(feats[e][1] == pytest.approx(2.0) and feats[e][3] == 0.0 for e in POOL if e != pick)
     want = {E1: 1 - 46 / 1000, E2: 1 - 92 / 1000, E3: 1 - 46 / 1000, E4: 1 - 46 / 1000}
     want[pick] = 1 - (30 + 8 * (1 + 1)) / 1000  # 46 ms too: the prefix scorer's weight keeps it there
     assert st2.attrs["decision"]["scorers"][1]["raw"] == pytest.approx(want)
-    # P1's first token came, P2's not yet: P2 is now all cached there, its 1 KB uncached is ahead: 38 ms
-    st1.first_body = 1.0
+    dispatched(st2, pick)  # P2's uncached half (250 tokens) is pending there too
+    assert b.runtime.inflight.loads([pick]) == {pick: (2, 750, 500)}
+    # P1's first token came (the stream's first response body), P2's not yet: P2 is all cached there
+    # now, and its 1 KB uncached is ahead; both still run there, so with E1's 2 slots a third waits
+    # for one (wait 1, if the pick is E1): 30 + 50 x wait + 8 x 1 ms
+    prefilled(st1)
+    assert st1.inflight == (250, 0) and b.runtime.inflight.loads([pick]) == {pick: (2, 750, 250)}
     st3 = new_state(b, prompt=P2)
     assert b.decide(st3) == (pick,)
-    assert st3.attrs[s.key][pick] == pytest.approx((0.0, 0.0, 1.0, 1.0))
-    assert st3.attrs["decision"]["scorers"][1]["raw"][pick] == pytest.approx(1 - 38 / 1000)
+    wait = 1.0 if pick == E1 else 0.0
+    assert st3.attrs[s.key][pick] == pytest.approx((wait, 0.0, 1.0, 1.0))
+    assert st3.attrs["decision"]["scorers"][1]["raw"][pick] == pytest.approx(1 - (38 + 50 * wait) / 1000)
 
 
 def test_a_prefix_scorer_later_in_the_profile_counts_nothing_as_cached():
@@ -530,51 +540,40 @@ def test_parameters_at_their_bounds_are_accepted():
     assert plugin(b).score(ctx(b, new_state(b, prompt="x" * 5000)), POOL) == dict.fromkeys(POOL, 1.0)
 
 
-# --- prefills ahead: picks without a first token yet ------------------------------------------------
+# --- prefills ahead: requests in flight without a first token yet (gateway-wide) -------------------
 
-def test_prefills_ahead_count_until_the_first_token_or_the_end_and_are_bounded():
+def test_prefills_ahead_are_the_in_flight_tables_pending_prefill_on_every_worker(tmp_path):
+    from extproc.datalayer.inflight import InflightTable
+
     rt = Runtime()
-    s = PredictedTtftScorer("s", PredictedTtftParameters(aheadLimit=2), rt)
+    rt.inflight = InflightTable(tmp_path, 0)
+    other_worker = InflightTable(tmp_path, 1)
+    s = PredictedTtftScorer("s", PredictedTtftParameters(), rt)
     c = Ctx(req=None, cycle={"prompt_bytes": 2000, "prefix_match": {}},
             state=RequestState(snapshot=None, route=None, started=0.0, request_id="now", runtime=rt))
-    st_a, st_b, st_c = (RequestState(snapshot=None, route=None, started=0.0, request_id=r, runtime=rt)
-                        for r in "abc")
-    for st, kb in ((st_a, 2.0), (st_b, 1.0), (st_c, 0.5)):
-        st.attrs[s.key] = {E1: (0.0, kb, 1.0, 0.0)}
-        s.picked(SimpleNamespace(state=st), E1)
-    assert set(s.ahead[E1]) == {id(st_b), id(st_c)}  # aheadLimit 2: the oldest (a) forgotten
+    rt.inflight.started(E1, 600, 500)  # 500 tokens x 4 bytes = 2 KB to prefill
+    other_worker.started(E1, 300, 250)  # another worker's pick: 1 KB more
     got = s.score(c, (E1, E2))
-    # E1: (30 + 8 * (2 + 1.5)) = 58 ms; E2 nothing ahead: 30 + 16 = 46 ms
-    assert got == pytest.approx({E1: 1 - 58 / 1000, E2: 1 - 46 / 1000})
-    assert c.state.attrs[s.key][E1][3] == pytest.approx(1.5)
-    st_b.first_body = 0.2  # b's first token: no longer ahead of anyone; c's 0.5 KB still is
-    assert s.score(c, (E1,)) == pytest.approx({E1: 1 - (30 + 8 * (2 + 0.5)) / 1000})
-    assert set(s.ahead[E1]) == {id(st_c)}
-    s.on_done(st_c, Outcome.CANCELLED)  # the end, whatever the outcome, drops it
-    assert s.ahead[E1] == {} and s.score(c, (E1,)) == pytest.approx({E1: 1 - 46 / 1000})
-    s.picked(SimpleNamespace(state=RequestState(snapshot=None, route=None, started=0.0, request_id="d")), E2)
-    assert E2 not in s.ahead  # a pick this scorer did not score is not remembered
+    # E1: 2 in flight (slots 256: no wait), 30 + 8 * (2 + 3) = 70 ms; E2 nothing ahead: 30 + 16 = 46 ms
+    assert got == pytest.approx({E1: 1 - 70 / 1000, E2: 1 - 46 / 1000})
+    assert c.state.attrs[s.key][E1][3] == pytest.approx(3.0)
+    other_worker.prefilled(E1, 250)  # its first token: no longer ahead of anyone
+    assert s.score(Ctx(cycle=dict(c.cycle), state=c.state), (E1,)) == pytest.approx({E1: 1 - 62 / 1000})
+    rt.inflight.finished(E1, 600, 500)  # the end without a first token takes its prefill back too
+    assert s.score(Ctx(cycle=dict(c.cycle), state=c.state), (E1,)) == pytest.approx({E1: 1 - 46 / 1000})
 
 
-def test_a_picked_request_that_ends_leaves_the_prefills_ahead_and_is_learned_with_them():
+def test_a_request_is_learned_with_the_prefills_that_were_ahead_of_it():
     rt = Runtime()
     s = PredictedTtftScorer("s", PredictedTtftParameters(minSamples=3), rt)
-
-    def scored_and_picked(rid: str, endpoint: str) -> RequestState:
-        st = RequestState(snapshot=None, route=None, started=10.0, request_id=rid, runtime=rt)
-        st.request = request("q", stream=True)
-        s.score(Ctx(cycle={"prompt_bytes": 2000, "prefix_match": {E1: 0.5}}, state=st), (E1, E2))
-        s.picked(SimpleNamespace(state=st), endpoint)
-        st.endpoint = endpoint
-        return st
-
-    elsewhere = scored_and_picked("a", E1)  # E1's list comes first in `ahead`
-    first = scored_and_picked("b", E2)
-    st = scored_and_picked("c", E2)  # scored with b's 2 KB ahead of it on E2
+    rt.inflight.started(E2, 600, 500)  # 2 KB ahead on E2
+    st = RequestState(snapshot=None, route=None, started=10.0, request_id="c", runtime=rt)
+    st.request = request("q", stream=True)
+    s.score(Ctx(cycle={"prompt_bytes": 2000, "prefix_match": {E1: 0.5}}, state=st), (E1, E2))
+    st.endpoint = E2
     assert st.attrs[s.key][E2] == pytest.approx((0.0, 2.0, 1.0, 2.0))
     st.first_body = 10.3
     s.on_done(st, Outcome.OK)
-    assert id(st) not in s.ahead[E2] and id(first) in s.ahead[E2] and id(elsewhere) in s.ahead[E1]
     # learned, on x = (1, wait 0, uncached 2 + ahead 2 KB), y = 300 ms: the running sums say so
     assert s.model.n == 1
     assert s.model.b == pytest.approx([300.0, 0.0, 4.0 * 300.0])
