@@ -15,6 +15,7 @@ import functools
 import re
 import signal
 import threading
+import time
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -47,12 +48,15 @@ def time_limit(seconds: float = CASE_LIMIT_S):
         raise Hang(f"case ran past its {seconds:g} s limit")
 
     previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    start = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)  # an outer timer (pytest-timeout's) is put back after
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - start), 0.001))
 
 
 _QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`[^`]*`")
