@@ -196,28 +196,7 @@ class InflightTable:
 
     def counts(self, endpoints) -> dict[str, int]:
         """`get` of each endpoint, reading every worker's table once (what a scorer of N candidates calls)."""
-        key = self.key
-        keys = [(e, key(e)) for e in endpoints]
-        totals = dict.fromkeys(endpoints, 0)
-        unpack = _SLOT.unpack_from
-        for t in self._tables():
-            offsets, words = t.offsets, t.words
-            for e, k in keys:
-                off = offsets.get(k)
-                if off is None:
-                    off = t.find(k, False)
-                    if off < 0:
-                        continue
-                if words is not None:
-                    i = off >> 3
-                    totals[e] += words[i + 1] - words[i + 2]
-                else:
-                    _, started, finished, *_rest = unpack(t.buf, off)
-                    totals[e] += started - finished
-        for e, n in totals.items():
-            if n < 0:
-                totals[e] = 0
-        return totals
+        return {e: v[0] for e, v in self.loads(endpoints).items()}
 
     def loads(self, endpoints) -> dict[str, tuple[int, int, int]]:
         """(requests, tokens, pending prefill tokens) in flight to each endpoint over every worker, each
