@@ -6,7 +6,9 @@ HTTP/1.1 with `streams` connections each) each keeping `streams` requests in fli
 through `requests` (`Req(method, path, body)`). Every answer is counted by status and, for a
 non-2xx one, by the `code` of the JSON error body (Envoy's own replies carry its response code
 details there, e.g. `upstream_reset_before_response_started{connection_termination}`; the
-processor's carry its reason); a transport error counts as status 0 with the exception's name.
+processor's carry its reason); a transport error counts as status 0 with the exception's name
+(`LocalProtocolError` over HTTP/2 is mostly Envoy answering early, a 503 before the body was
+read, and resetting the stream while httpx still sends the body: a failure all the same).
 `with Load(...) as load:` starts it; leaving the block stops it (requests in flight finish).
 `load.requests` can be changed while it runs (reload tests add and remove routes).
 `H2load(url, req, seconds, connections=8, streams=4)` runs `h2load` (Debian nghttp2-client; `make
