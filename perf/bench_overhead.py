@@ -742,7 +742,7 @@ def append_results(info: dict[str, str], command: str, table: str, cpu_table: st
                    load_text: str, restarts: int, rows: list[dict[str, Any]], warmup: float, duration: float) -> None:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     workers = int(info["workers"])
-    floor_line = (f"- Floor: perf/floor/ (C++ gRPC {'async API'}, `--threads {workers}`, {workers} ports = the processor "
+    floor_line = (f"- Floor: perf/floor/ (C++, gRPC async API, `--threads {workers}`, {workers} ports = the processor "
                   "cluster's endpoints), behind the gateway's rendered bootstrap unchanged"
                   if not floor_why else f"- Floor: skipped ({floor_why})")
     text = f"""
