@@ -31,9 +31,13 @@ the default JSON is written too; `--no-write` writes only an explicit `--out`).
 The floor is built on demand by perf/floor/build.sh (apt-installs libgrpc++-dev and
 protobuf-compiler-grpc when missing and root); if it cannot be built, one line says why and the
 floor rows are skipped (ratios then null).
-Run: `.venv/bin/python perf/bench_overhead.py [--quick] [--duration 10] [--connections 1,32]
-[--workers N] [--routes headers,llm,stream] [--setups bare,floor,gateway] [--out FILE] [--no-write]`.
-Cost: 18 points; `--quick` about 2 minutes, the default about 5. Everything it starts is stopped by
+`--reps N` measures each route and c N times, the setups taking turns (order reversed every other
+turn), and reports medians (and each setup's req/s range): on a shared machine one run per point
+moves by tens of percent.
+Run: `.venv/bin/python perf/bench_overhead.py [--quick] [--duration 10] [--warmup 2] [--reps 1]
+[--connections 1,32] [--workers N] [--routes headers,llm,stream] [--setups bare,floor,gateway]
+[--out FILE] [--no-write]`.
+Cost: 18 points x reps; `--quick` about 1.5 minutes here, the default about 4. Everything it starts is stopped by
 PID (bounded waits) on exit, error or Ctrl-C.
 """
 
@@ -411,6 +415,32 @@ class Point:
     steal: float = 0.0
     handler_s: float | None = None  # our processor's own handler time (its metrics); gateway only
     msgs_per_req: float | None = None  # ext_proc messages Envoy sent per stream; floor and gateway
+    reps: int = 1  # measured runs merged into this point (`merge`)
+    rps_all: list[float] = field(default_factory=list)  # each run's req/s
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def merge(runs: list[Point]) -> Point:
+    """One point from `--reps` runs of the same setup, route and c: the median of each run's
+    p50/p90/p99 and req/s; CPU, requests and other load summed (so per-request figures are over all
+    runs' requests); messages per request averaged."""
+    if len(runs) == 1:
+        p = runs[0]
+        return dataclasses.replace(p, rps_all=p.rps_all or [p.wrk.rps])
+    w = [p.wrk for p in runs]
+    wrk = WrkResult(_median([x.p50 for x in w]), _median([x.p90 for x in w]), _median([x.p99 for x in w]),
+                    _median([x.rps for x in w]), sum(x.requests for x in w), sum(x.non2xx for x in w),
+                    sum(x.socket_errors for x in w))
+    cpu = {k: sum(p.cpu[k] for p in runs) for k in runs[0].cpu}
+    handler = None if runs[0].handler_s is None else sum(p.handler_s or 0.0 for p in runs)
+    msgs = None if runs[0].msgs_per_req is None else sum(p.msgs_per_req or 0.0 for p in runs) / len(runs)
+    return Point(runs[0].setup, runs[0].route, runs[0].connections, wrk, cpu, sum(p.foreign for p in runs),
+                 sum(p.steal for p in runs), handler, msgs, len(runs), [x.rps for x in w])
 
 
 def _us(seconds: float | None, n: int) -> float | None:
@@ -433,7 +463,9 @@ def build_rows(points: list[Point], duration: float) -> list[dict[str, Any]]:
             "envoy_cpu_us": _us(p.cpu.get("envoy"), n), "upstream_cpu_us": _us(p.cpu.get("upstream"), n),
             "handler_us": _us(p.handler_s, n),
             "msgs_per_req": None if p.msgs_per_req is None else round(p.msgs_per_req, 2),
-            "other_load_cores": round(p.foreign / duration, 2) if duration else None,
+            "other_load_cores": round(p.foreign / (duration * p.reps), 2) if duration else None,
+            "reps": p.reps, "rps_min": round(min(p.rps_all or [p.wrk.rps]), 1),
+            "rps_max": round(max(p.rps_all or [p.wrk.rps]), 1),
             "p50_vs_floor": round(p.wrk.p50 / f.wrk.p50, 3) if f and f.wrk.p50 else None,
             "rps_vs_floor": round(p.wrk.rps / f.wrk.rps, 3) if f and f.wrk.rps else None,
             "added_p50_ms_vs_floor": round(p.wrk.p50 - f.wrk.p50, 4) if f else None,
@@ -493,12 +525,15 @@ def _f(v: float | None, fmt: str = "{:.3f}") -> str:
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| c | route | setup | p50 ms | p90 ms | p99 ms | req/s | processor CPU µs/req | ext_proc msgs/req "
-            "| p50 − floor | p50 / floor | req/s / floor | other load |")
-    out = [head, "|---:|---|---|" + "---:|" * 10]
+    """One line per row; with `--reps` > 1 also each setup's range of req/s over its runs."""
+    spread = any(r.get("reps", 1) > 1 for r in rows)
+    head = ("| c | route | setup | p50 ms | p90 ms | p99 ms | req/s " + ("| req/s range " if spread else "")
+            + "| processor CPU µs/req | ext_proc msgs/req | p50 − floor | p50 / floor | req/s / floor | other load |")
+    out = [head, "|---:|---|---|" + "---:|" * (11 if spread else 10)]
     for r in rows:
+        rng = f"| {r['rps_min']:,.0f}–{r['rps_max']:,.0f} " if spread else ""
         out.append(f"| {r['concurrency']} | {r['route']} | {r['setup']} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} "
-                   f"| {r['p99_ms']:.3f} | {r['rps']:,.0f} | {_f(r['processor_cpu_us'], '{:.0f}')} "
+                   f"| {r['p99_ms']:.3f} | {r['rps']:,.0f} {rng}| {_f(r['processor_cpu_us'], '{:.0f}')} "
                    f"| {_f(r['msgs_per_req'], '{:.2f}')} | {_f(r['added_p50_ms_vs_floor'], '{:+.3f}')} "
                    f"| {_f(r['p50_vs_floor'], '{:.2f}')} | {_f(r['rps_vs_floor'], '{:.0%}')} "
                    f"| {_f(r['other_load_cores'], '{:.2f}')} |")
@@ -535,41 +570,56 @@ def verdict(rows: list[dict[str, Any]]) -> str:
     return "; ".join(parts) + "."
 
 
+def _one(setup: str, s: dict[str, Any], route: str, c: int, wrk: str, script: Path, warmup: float, duration: float,
+         all_pids: list[int]) -> Point:
+    """One measured wrk run of one setup on one route at c connections, after its warm-up."""
+    url = s["url"] + PATHS[route]
+    _check(run_wrk(wrk, url, script, c, warmup), f"warm-up {setup} {route} c={c}")
+    handler0 = processor_phase_time(s["processor_admin"]) if s.get("processor_admin") else None
+    if setup != "bare":
+        msgs0 = envoy_counter(s["admin"], "http.adapter.ext_proc.stream_msgs_sent")
+        streams0 = envoy_counter(s["admin"], "http.adapter.ext_proc.streams_started")
+    before = {p: cpu_seconds(p) for p in all_pids}
+    wrk0, (busy0, steal0) = children_cpu(), machine_cpu()
+    res = run_wrk(wrk, url, script, c, duration)
+    busy1, steal1 = machine_cpu()
+    used = {p: cpu_seconds(p) - before[p] for p in all_pids}
+    cpu = {k: sum(used[p] for p in v) for k, v in s["procs"].items()}
+    # everything else on the machine: neither wrk nor any process of this benchmark
+    foreign = max(0.0, (busy1 - busy0) - sum(used.values()) - (children_cpu() - wrk0))
+    handler = msgs = None
+    if handler0 is not None:
+        handler = processor_phase_time(s["processor_admin"]) - handler0
+    if setup != "bare":
+        streams = envoy_counter(s["admin"], "http.adapter.ext_proc.streams_started") - streams0
+        msgs = (envoy_counter(s["admin"], "http.adapter.ext_proc.stream_msgs_sent") - msgs0) / max(streams, 1)
+    _check(res, f"{setup} {route} c={c}")
+    return Point(setup, route, c, res, cpu, foreign, steal1 - steal0, handler, msgs)
+
+
 def _measure(setups: dict[str, dict[str, Any]], routes: list[str], conns: list[int], wrk: str, warmup: float,
-             duration: float, run_dir: Path, all_pids: list[int]) -> list[Point]:
+             duration: float, run_dir: Path, all_pids: list[int], reps: int = 1) -> list[Point]:
+    """Every (c, route), each setup back to back; with `reps` > 1 the setups take turns `reps` times
+    (order reversed every other turn, so a drift in the machine's other load hits all alike) and each
+    setup's runs are merged into one point."""
     scripts = {r: lua_post(run_dir / f"{r}.lua", BODIES[r]) for r in routes}
-    points: list[Point] = []
-    total = len(conns) * len(routes) * len(setups)
+    merged: list[Point] = []
+    done, total = 0, len(conns) * len(routes) * len(setups) * reps
     for c in conns:
         for route in routes:
-            for setup, s in setups.items():
-                url = s["url"] + PATHS[route]
-                _check(run_wrk(wrk, url, scripts[route], c, warmup), f"warm-up {setup} {route} c={c}")
-                handler0 = processor_phase_time(s["processor_admin"]) if s.get("processor_admin") else None
-                if setup != "bare":
-                    msgs0 = envoy_counter(s["admin"], "http.adapter.ext_proc.stream_msgs_sent")
-                    streams0 = envoy_counter(s["admin"], "http.adapter.ext_proc.streams_started")
-                before = {p: cpu_seconds(p) for p in all_pids}
-                wrk0, (busy0, steal0) = children_cpu(), machine_cpu()
-                res = run_wrk(wrk, url, scripts[route], c, duration)
-                busy1, steal1 = machine_cpu()
-                used = {p: cpu_seconds(p) - before[p] for p in all_pids}
-                cpu = {k: sum(used[p] for p in v) for k, v in s["procs"].items()}
-                # everything else on the machine: neither wrk nor any process of this benchmark
-                foreign = max(0.0, (busy1 - busy0) - sum(used.values()) - (children_cpu() - wrk0))
-                handler = msgs = None
-                if handler0 is not None:
-                    handler = processor_phase_time(s["processor_admin"]) - handler0
-                if setup != "bare":
-                    streams = envoy_counter(s["admin"], "http.adapter.ext_proc.streams_started") - streams0
-                    msgs = (envoy_counter(s["admin"], "http.adapter.ext_proc.stream_msgs_sent") - msgs0) / max(streams, 1)
-                _check(res, f"{setup} {route} c={c}")
-                points.append(Point(setup, route, c, res, cpu, foreign, steal1 - steal0, handler, msgs))
-                print(f"[{len(points)}/{total}] {setup:7} {route:7} c={c:<3} p50 {res.p50:.3f} ms  "
-                      f"p99 {res.p99:.3f} ms  {res.rps:,.0f} req/s"
-                      + (f"  {msgs:.2f} msgs/req" if msgs is not None else "")
-                      + f"  (other load {foreign / duration:.2f} cores)", flush=True)
-    return points
+            by_setup: dict[str, list[Point]] = {name: [] for name in setups}
+            for turn in range(reps):
+                names = list(setups) if turn % 2 == 0 else list(reversed(setups))
+                for setup in names:
+                    pt = _one(setup, setups[setup], route, c, wrk, scripts[route], warmup, duration, all_pids)
+                    by_setup[setup].append(pt)
+                    done += 1
+                    print(f"[{done}/{total}] {setup:7} {route:7} c={c:<3} p50 {pt.wrk.p50:.3f} ms  "
+                          f"p99 {pt.wrk.p99:.3f} ms  {pt.wrk.rps:,.0f} req/s"
+                          + (f"  {pt.msgs_per_req:.2f} msgs/req" if pt.msgs_per_req is not None else "")
+                          + f"  (other load {pt.foreign / duration:.2f} cores)", flush=True)
+            merged += [merge(by_setup[name]) for name in setups]
+    return merged
 
 
 def _msgs_check(rows: list[dict[str, Any]]) -> str:
@@ -597,6 +647,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setups", default=",".join(SETUPS), help="comma-separated, of bare,floor,gateway")
     ap.add_argument("--workers", type=int, default=None,
                     help="processor workers, and the floor's threads and ports (default: the CPU count)")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="measure each route and c this many times, setups taking turns; medians (default 1)")
     ap.add_argument("--out", type=Path, default=None, help=f"JSON rows (default {RESULTS_JSON.relative_to(REPO)})")
     ap.add_argument("--no-write", action="store_true", help="leave perf/RESULTS.md and the default JSON alone")
     args = ap.parse_args(argv)
@@ -687,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         check_responses({s: v["url"] for s, v in setups.items()}, routes)
         # this process (with the supervisor's threads) and every server process, idle ones included
         all_pids = sorted({os.getpid(), *(p for s in setups.values() for v in s["procs"].values() for p in v)})
-        points = _measure(setups, routes, conns, wrk, warmup, duration, run_dir, all_pids)
+        points = _measure(setups, routes, conns, wrk, warmup, duration, run_dir, all_pids, max(1, args.reps))
         restarts = sum(w.restarts for w in stack.supervisor.workers) if stack is not None else 0
     finally:
         if stack is not None:
@@ -745,6 +797,9 @@ def append_results(info: dict[str, str], command: str, table: str, cpu_table: st
     floor_line = (f"- Floor: perf/floor/ (C++, gRPC async API, `--threads {workers}`, {workers} ports = the processor "
                   "cluster's endpoints), behind the gateway's rendered bootstrap unchanged"
                   if not floor_why else f"- Floor: skipped ({floor_why})")
+    reps = max((r.get("reps", 1) for r in rows), default=1)
+    reps_text = (f"; {reps} runs per point, the setups taking turns (order reversed every other turn): "
+                 "medians of p50/p90/p99 and req/s, CPU over all runs' requests" if reps > 1 else "")
     text = f"""
 ## {now}: bench_overhead (bare Envoy, Envoy + compiled no-op floor, Envoy + our processor)
 
@@ -752,7 +807,7 @@ def append_results(info: dict[str, str], command: str, table: str, cpu_table: st
 - Code: git {info['git']}
 - Processor workers: {workers}; every Envoy `--concurrency {min(workers, 4)}`; upstream Envoy `--concurrency 1` (direct_response); stream route upstream: the OpenAI API simulator (Python, instant decode, {STREAM_TOKENS} tokens)
 {floor_line}
-- Command: `{command}` ({duration:g} s measured per point after a {warmup:g} s warm-up; wrk threads: 1 at c=1, 2 otherwise)
+- Command: `{command}` ({duration:g} s measured per run after a {warmup:g} s warm-up{reps_text}; wrk threads: 1 at c=1, 2 otherwise)
 - Load: {load_text}. The machine is shared with other sessions' tests: the "other load" column is the CPU (in cores, of {os.cpu_count()}) they used during each point.
 
 Routes: headers = POST /v1/chat/completions (passthrough, headers only); llm = POST /v1/analyze, {len(ANALYZE_BODY)} B JSON in, JSON out (4 messages); stream = POST /v1/completions, `"stream": true` (openai route, response body STREAMED). Latency in ms (wrk `--latency`); ratios to the floor's row of the same route and c.

@@ -88,6 +88,18 @@ def test_rows_without_a_floor_have_null_ratios():
     assert bo.verdict(rows).startswith("no floor rows")
 
 
+def test_reps_merge_into_medians_and_per_request_cpu_over_all_runs():
+    runs = [_point("gateway", "headers", 32, p50, rps) for p50, rps in ((1.0, 900.0), (3.0, 1000.0), (2.0, 300.0))]
+    m = bo.merge(runs)
+    assert (m.wrk.p50, m.wrk.rps, m.reps, m.wrk.requests) == (2.0, 900.0, 3, sum(r.wrk.requests for r in runs))
+    assert m.cpu["processor"] == pytest.approx(0.6) and m.msgs_per_req == 1.0
+    (row,) = bo.build_rows([m], duration=3.0)
+    assert (row["reps"], row["rps_min"], row["rps_max"]) == (3, 300.0, 1000.0)
+    assert row["processor_cpu_us"] == pytest.approx(1e6 * 0.6 / m.wrk.requests, abs=0.1)
+    assert row["other_load_cores"] == pytest.approx(0.2)  # 3 x 0.6 core-seconds over 3 x 3 s
+    assert "req/s range" in bo.fmt_table([row]) and "300–1,000" in bo.fmt_table([row])
+
+
 def test_the_llm_body_is_1_kb_json_and_the_stream_route_is_added(tmp_path):
     assert len(bo.ANALYZE_BODY) == 1024 and set(json.loads(bo.ANALYZE_BODY)) == {"query"}
     cfg = bo.bench_config(18080, 18081)
