@@ -59,13 +59,16 @@ class Bundle:
 
 def publish(root: str | Path, config_path: str | Path, generation: int,
             endpoints: Mapping[str, tuple[tuple[str, int], ...]] | None = None, keep: int = KEEP,
-            unchanged: str | None = None, rollouts: Mapping[str, Mapping[str, Any]] | None = None) -> Bundle | None:
+            unchanged: str | None = None, rollouts: Mapping[str, Mapping[str, Any]] | None = None,
+            loaded: tuple[str, ...] = ()) -> Bundle | None:
     """Validate `config_path` and publish it as generation `generation`; `current` then names it.
     Raises `ConfigError` (file:line issues) and changes nothing when the config is refused.
     With `unchanged=DIGEST`, content with that digest (what is published already) is not
     published again: the answer is None. `rollouts`: weight overrides for rollouts (a step plan's
     current weights, `canary/control.py`), kept in the manifest and covered by the digest
-    (`extproc.config.compile.with_rollout_overrides`)."""
+    (`extproc.config.compile.with_rollout_overrides`). `loaded`: adapter bundle ZIPs loaded at run
+    time (`adapterctl bundle load`, kept in the state directory), oldest first: copied like the
+    config's files, listed in the manifest (`loaded`), covered by the digest."""
     from extproc.config.compile import override_digest
 
     root = Path(root)
@@ -80,7 +83,7 @@ def publish(root: str | Path, config_path: str | Path, generation: int,
         (staging / CONFIG).write_bytes(text.encode("utf-8"))
         files: dict[str, str] = {}
         data: dict[str, bytes | None] = {}
-        for i, name in enumerate(referenced_files(model)):
+        for i, name in enumerate([*referenced_files(model), *loaded]):
             try:
                 data[name] = original(name).read_bytes()
             except OSError:
@@ -100,11 +103,13 @@ def publish(root: str | Path, config_path: str | Path, generation: int,
                     "created": round(time.time(), 3), "endpoints": overrides, "files": files}
         if rollouts:
             manifest["rollouts"] = rollouts
+        if loaded:
+            manifest["loaded"] = list(loaded)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
         if any(b is None for b in data.values()):
             # a referenced file is missing: let the compiler say which route names it, and where
             load_text(text, source, generation, resolve=_resolver(staging, files, original),
-                      endpoints=dict(endpoints) if endpoints else None)
+                      endpoints=dict(endpoints) if endpoints else None, loaded=tuple(loaded))
         final = root / f"{generation}-{digest}"
         existed = final.exists()
         if existed:  # the same generation and content published before (a reused root)
@@ -145,8 +150,9 @@ def load_bundle(path: str | Path) -> "Snapshot":
     if absent:
         raise BundleError(f"bundle {path}: the config names file(s) the bundle does not hold: {', '.join(absent)}")
     endpoints = {n: tuple((h, int(p)) for h, p in eps) for n, eps in manifest["endpoints"].items()}
+    loaded = tuple(manifest.get("loaded") or ())
     snap = load_text(text, source, manifest["generation"], resolve=_resolver(path, files, None),
-                     endpoints=endpoints or None)
+                     endpoints=endpoints or None, loaded=loaded)
     if manifest.get("rollouts"):
         from extproc.config.compile import with_rollout_overrides
 

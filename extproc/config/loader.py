@@ -68,22 +68,25 @@ def read_config(path: str | FsPath) -> str:
 
 
 def load_text(text: str, filename: str = "<config>", generation: int = 1, *,
-              resolve: Callable[[str], FsPath] | None = None, endpoints: dict | None = None) -> "Snapshot":
+              resolve: Callable[[str], FsPath] | None = None, endpoints: dict | None = None,
+              loaded: tuple[str, ...] = ()) -> "Snapshot":
     """Compile config text. `resolve(name)` says where a file the config names (a tool route's
-    `openapi`, a rest route's `mapping`) is read from: by default relative to `filename`; a config
-    bundle passes its own copies. The digest covers the text, those files and `endpoints`."""
+    `openapi`, a rest route's `mapping`, a bundle's ZIP or key) is read from: by default relative to
+    `filename`; a config bundle passes its own copies. `loaded`: adapter bundles loaded at run time
+    (`adapterctl bundle load`), oldest first, names for `resolve`. The digest covers the text, those
+    files and `endpoints`."""
     from extproc.config.compile import compile_snapshot
 
     model, smap = parse_text(text, filename)
     resolve = resolve or relative_to(filename)
     files: dict[str, bytes | None] = {}
-    for name in referenced_files(model):
+    for name in [*referenced_files(model), *loaded]:
         try:
             files[name] = resolve(name).read_bytes()
         except OSError:
             files[name] = None  # compile reports it, with file:line
     digest = config_digest(text, files, endpoints)
-    snap = compile_snapshot(model, smap, generation=generation, digest=digest, resolve=resolve)
+    snap = compile_snapshot(model, smap, generation=generation, digest=digest, resolve=resolve, loaded=tuple(loaded))
     if endpoints:
         unknown = sorted(set(endpoints) - set(snap.backends))
         if unknown:
@@ -103,10 +106,15 @@ def parse_text(text: str, filename: str = "<config>") -> tuple[AdapterGateway, S
 
 def referenced_files(model: AdapterGateway) -> list[str]:
     """The files a config names, as written, in config order: tool routes' `openapi`, rest
-    routes' `mapping` (relative paths are relative to the config file)."""
+    routes' `mapping`, adapter bundles' `path` and `publicKey` (relative paths are relative to the
+    config file)."""
     names: dict[str, None] = {}
     for r in model.spec.routes:
         for name in (r.openapi, r.mapping):
+            if name:
+                names.setdefault(name, None)
+    for b in model.spec.bundles:
+        for name in (b.path, b.public_key):
             if name:
                 names.setdefault(name, None)
     return list(names)
