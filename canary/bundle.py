@@ -4,10 +4,20 @@ What: `build(directory, output, version=..., sign_key=...)` writes a ZIP holding
 the directory, a `manifest.json` and, when signed, `manifest.sig`; `load(zip, public_key=...)` checks it
 and returns the verified contents (a `Bundle`: manifest plus every file's bytes, read once, so what is
 extracted or compiled later is exactly what was hashed); `verify` is `load` without keeping the bytes.
-A bundle is what issue 11 canaries besides a model version: a route's templates, mappings, schemas and
-plugin parameters as one unit. Loading one into a running gateway (sandboxed preload, golden requests,
-traffic) is not here yet: this is the offline half, and the seam the preload will call (`load`, then
-`Bundle.extract(dir)` into the sandbox).
+A bundle is what issue 11 canaries besides a model version: a route's templates, schemas (and, not yet,
+plugin parameters) as one versioned unit. `adapter_contents(bundle)` reads what a route takes from it:
+  bundle.yaml    routes: {ROUTE: {request | requestFile, transform | transformFile,
+                                  outputSchema | outputSchemaFile}}   (extproc.config.schema.BundleDocSpec:
+                 the route-level fields of a config, strict, errors as `bundle.yaml:LINE`, field, reason;
+                 a *File names a file in the bundle)
+  golden/*.yaml  (or .json) golden requests the sandboxed preload runs (canary/preload.py) through the
+                 route's compiled encode-request and decode-response stages, no backend:
+                 {route, request: CLIENT JSON, backendRequest?: the expected backend body (subset match:
+                 every key given must be equal), output | backendResponse: the model's output document
+                 (wrapped as an OpenAI chat answer) or the backend's raw answer, response: the expected
+                 client body (exact), status?: expected status (default 200)}
+Loading into a running gateway (verify here, preload in canary/preload.py, publish by the supervisor)
+is `adapterctl bundle load FILE.zip` (canary/cli.py; docs/canary.md).
 Format:
   manifest.json  {"format": 1, "name": str, "version": str, "created": "YYYY-MM-DDTHH:MM:SSZ",
                   "files": {"relative/posix/path": "<sha256 hex>", ...}}   (sorted keys, indent 2)
@@ -547,6 +557,161 @@ def verify(bundle: str | os.PathLike, *, public_key=None, require_signature: boo
     return Bundle(b.manifest, {}, b.signed, b.signature_checked, b.digest)
 
 
+# --------------------------------------------------------------------------------------------------
+# adapter contents: bundle.yaml and golden/
+
+
+ADAPTER_DOC = "bundle.yaml"
+GOLDEN_DIR = "golden/"
+
+
+@dataclass(frozen=True)
+class RoutePart:
+    """One route's part as written: template texts (files read), the schema, and where each came from
+    (`bundle.yaml:LINE` or the file's name), for compile errors."""
+
+    request: str | None = None
+    transform: str | None = None
+    output_schema: dict | None = None
+    where: dict[str, tuple[str, int]] = field(default_factory=dict)  # field -> (file, first line of the text)
+
+
+@dataclass(frozen=True)
+class GoldenCase:
+    name: str  # the file under golden/
+    route: str
+    request: object
+    response: object
+    backend_request: object = None
+    output: object = None
+    backend_response: object = None
+    status: int = 200
+
+
+@dataclass(frozen=True)
+class AdapterContents:
+    routes: dict[str, RoutePart]
+    golden: tuple[GoldenCase, ...]
+
+
+def adapter_contents(bundle: Bundle) -> AdapterContents:
+    """`bundle.yaml` and `golden/` of a verified bundle, validated; BundleError with every problem."""
+    from pydantic import ValidationError
+
+    from extproc.config.schema import BundleDocSpec
+    from extproc.config.yamlsource import YamlError, format_path, load_yaml
+
+    problems: list[Problem] = []
+    raw = bundle.files.get(ADAPTER_DOC)
+    if raw is None:
+        raise BundleError.one(ADAPTER_DOC, "bundle.yaml", "is missing: an adapter bundle names its routes' templates "
+                              "there (routes: {ROUTE: {request, transform, outputSchema}})")
+    text = _text(raw, ADAPTER_DOC)
+    try:
+        data, smap = load_yaml(text, ADAPTER_DOC)
+        doc = BundleDocSpec.model_validate(data if data is not None else {})
+    except YamlError as e:
+        raise BundleError.one(ADAPTER_DOC, "yaml", str(e).removeprefix(ADAPTER_DOC + ":")) from None
+    except ValidationError as e:
+        for err in e.errors(include_url=False):
+            loc = tuple(x for x in err["loc"] if isinstance(x, int) or "[" not in str(x))
+            cause = (err.get("ctx") or {}).get("error")
+            if getattr(cause, "field", None):
+                from pydantic.alias_generators import to_camel
+                loc = (*loc, to_camel(cause.field))
+            msg = "unknown field" if err["type"] == "extra_forbidden" else (
+                "required field is missing" if err["type"] == "missing" else err["msg"].removeprefix("Value error, "))
+            problems.append(Problem(smap.where(loc), format_path(loc) or "<document>", msg))
+        raise BundleError(problems) from None
+    routes: dict[str, RoutePart] = {}
+    for name, part in doc.routes.items():
+        base = ("routes", name)
+        values: dict[str, object] = {}
+        where: dict[str, tuple[str, int]] = {}
+        for f, camel in (("request", "request"), ("transform", "transform"), ("output_schema", "outputSchema")):
+            inline, ref = getattr(part, f), getattr(part, f + "_file")
+            if inline is not None:
+                values[f] = inline
+                where[f] = (ADAPTER_DOC, smap.content_lines.get(base + (camel,)) or smap.line_of(base + (camel,)) or 1)
+            elif ref is not None:
+                at = f"{smap.where(base + (camel + 'File',))}"
+                if ref not in bundle.files:
+                    problems.append(Problem(at, format_path(base + (camel + "File",)), f"{ref!r} is not a file in the "
+                                            "bundle"))
+                    continue
+                body = bundle.files[ref]
+                if f == "output_schema":
+                    try:
+                        values[f] = json.loads(body.decode("utf-8"))
+                    except (UnicodeDecodeError, ValueError) as e:
+                        problems.append(Problem(ref, "json", f"is not UTF-8 JSON ({e})"))
+                        continue
+                    if not isinstance(values[f], dict):
+                        problems.append(Problem(ref, "json", "must be a JSON Schema object"))
+                        continue
+                else:
+                    try:
+                        values[f] = body.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        problems.append(Problem(ref, "text", f"is not UTF-8 (byte {e.start})"))
+                        continue
+                where[f] = (ref, 1)
+        routes[name] = RoutePart(values.get("request"), values.get("transform"), values.get("output_schema"), where)
+    golden = []
+    for path in sorted(p for p in bundle.files if p.startswith(GOLDEN_DIR)):
+        if not path.endswith((".yaml", ".yml", ".json")):
+            problems.append(Problem(path, "golden", "golden cases are .yaml or .json files"))
+            continue
+        try:
+            case = _golden(path, bundle.files[path], routes)
+        except BundleError as e:
+            problems += e.problems
+            continue
+        golden.append(case)
+    if problems:
+        raise BundleError(problems)
+    return AdapterContents(routes, tuple(golden))
+
+
+_GOLDEN_FIELDS = {"route", "request", "response", "backendRequest", "output", "backendResponse", "status"}
+
+
+def _golden(path: str, raw: bytes, routes: dict[str, RoutePart]) -> GoldenCase:
+    from extproc.config.yamlsource import YamlError, load_yaml
+
+    try:
+        data, smap = load_yaml(_text(raw, path), path)
+    except YamlError as e:
+        raise BundleError.one(path, "yaml", str(e).removeprefix(path + ":")) from None
+    if not isinstance(data, dict):
+        raise BundleError.one(path, "<document>", "a golden case is a mapping: {route, request, output, response}")
+    problems = [Problem(smap.where((k,)), k, f"unknown field (allowed: {', '.join(sorted(_GOLDEN_FIELDS))})")
+                for k in data if k not in _GOLDEN_FIELDS]
+    for k in ("route", "request", "response"):
+        if k not in data:
+            problems.append(Problem(path, k, "required field is missing"))
+    if "route" in data and data["route"] not in routes:
+        problems.append(Problem(smap.where(("route",)), "route", f"{data['route']!r} is not a route of bundle.yaml "
+                                f"({', '.join(routes)})"))
+    if ("output" in data) == ("backendResponse" in data):
+        problems.append(Problem(path, "output", "exactly one of output (the model's output document) or "
+                                "backendResponse (the backend's raw answer)"))
+    status = data.get("status", 200)
+    if not isinstance(status, int) or isinstance(status, bool) or not 100 <= status <= 599:
+        problems.append(Problem(smap.where(("status",)), "status", f"must be an HTTP status, not {status!r}"))
+    if problems:
+        raise BundleError(problems)
+    return GoldenCase(path, data["route"], data["request"], data["response"], data.get("backendRequest"),
+                      data.get("output"), data.get("backendResponse"), status)
+
+
+def _text(raw: bytes, file: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BundleError.one(file, "text", f"is not UTF-8 (byte {e.start})") from None
+
+
 def public_key_fingerprint(key) -> str:
     """sha256 of the raw 32-byte ed25519 public key, base64 (for logs: which key checked a bundle)."""
     serialization, _, _ = _crypto("public key")
@@ -555,6 +720,6 @@ def public_key_fingerprint(key) -> str:
 
 
 __all__ = [
-    "FORMAT", "MANIFEST", "RESERVED", "SIGNATURE", "Bundle", "BundleError", "Limits", "Manifest", "Problem",
-    "build", "load", "load_private_key", "load_public_key", "path_problem", "public_key_fingerprint", "verify",
+    "ADAPTER_DOC", "FORMAT", "GOLDEN_DIR", "MANIFEST", "RESERVED", "SIGNATURE", "AdapterContents", "Bundle",
+    "BundleError", "GoldenCase", "Limits", "Manifest", "Problem", "RoutePart", "adapter_contents", "build", "load", "load_private_key", "load_public_key", "path_problem", "public_key_fingerprint", "verify",
 ]

@@ -21,8 +21,8 @@ from typing import Any, Callable, Mapping
 from backends import adapter_kinds
 from extproc.config.loader import ConfigError, Issue
 from extproc.config.schema import AdapterGateway, split_host_port
-from extproc.config.snapshot import (HEALTH_PATH, HEALTH_ROUTE, Backend, EndpointMeta, EppConfig, PluginRef, ProfileRef,
-                                     RolloutRef, Route, Snapshot)
+from extproc.config.snapshot import (HEALTH_PATH, HEALTH_ROUTE, Backend, BundlePart, EndpointMeta, EppConfig, PluginRef,
+                                     ProfileRef, RolloutRef, Route, Snapshot)
 from extproc.kinds import kind_specs
 from extproc.config.yamlsource import SourceMap, format_path
 from extproc.template import WILDCARD, TemplateError, compile_template
@@ -42,9 +42,10 @@ def route_name_from_path(path: str) -> str:
 
 
 def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, digest: str = "",
-                     resolve: Callable[[str], Path] | None = None) -> Snapshot:
-    """`resolve(name)` says where a file the config names (`openapi`, `mapping`) is read from;
-    default: relative to the config file (a config bundle passes its own copies)."""
+                     resolve: Callable[[str], Path] | None = None, loaded: tuple[str, ...] = ()) -> Snapshot:
+    """`resolve(name)` says where a file the config names (`openapi`, `mapping`, a bundle) is read from;
+    default: relative to the config file (a config bundle passes its own copies). `loaded`: adapter
+    bundle ZIPs loaded at run time, oldest first (names for `resolve`)."""
     from extproc.stages import build_pipeline
 
     issues = _Issues(smap, resolve)
@@ -76,6 +77,9 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
                                 for e in b.endpoints),
         )
 
+    bundles, active = _compile_bundles(spec.bundles, loaded, issues)
+    armed = {n for ro in spec.rollouts if any(a.bundle for a in ro.arms)
+             for n in ((ro.route,) if ro.route else ro.routes)}  # routes whose bundles are their rollout's arms
     plugins = _compile_plugins(spec.plugins, issue)
     profiles, refused = _compile_profiles(spec.scheduling_profiles, plugins, issue)
     default_model = model_name(spec.model_ref)
@@ -160,13 +164,27 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping,
             backends=tuple(dict.fromkeys(resolved)), dialect=ks.dialect, picker=picker,
         )
+        ref = _route_bundle(r.bundle, name, base, bundles, {} if name in armed and r.bundle is None else active,
+                            issue)
+        if ref is False:
+            continue
+        if ref is not None:
+            if not ks.templates:
+                issue(base + ("bundle",), f"a {kind} route forwards bodies as they are: a bundle's templates need "
+                      "kind: llm or tensor")
+                continue
+            route = apply_bundle_part(route, bundles[ref])
         routes[name] = _with_pipeline(route, build_pipeline, base, issue)
 
+    arm_bundles: dict[str, dict[str, str]] = {}  # rollout -> arm -> bundle ref
     rollouts = _compile_rollouts(spec.rollouts, routes, {i: r.name or route_name_from_path(r.path)
-                                                         for i, r in enumerate(spec.routes)}, issue)
+                                                         for i, r in enumerate(spec.routes)}, issue,
+                                 bundles, arm_bundles)
     for ref in rollouts.values():
         for name in ref.routes:
-            routes[name] = replace(routes[name], rollout=ref)
+            rt = routes[name]
+            variants = {arm: apply_bundle_part(rt, bundles[b]) for arm, b in arm_bundles.get(ref.name, {}).items()}
+            routes[name] = replace(rt, rollout=ref, variants=MappingProxyType(variants))
 
     health = Route(
         name=HEALTH_ROUTE, path=HEALTH_PATH, kind="health", backend=None, model=None, request=None,
@@ -196,11 +214,13 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         generation=generation, digest=digest, source=smap.filename, spec=gw, model_ref=spec.model_ref,
         listener=spec.listener, admin=spec.admin, processor=spec.processor, backends=backends,
         routes=routes, tenants=spec.tenants, tenancy=spec.tenancy, plugins=plugins, profiles=profiles, epp=epp,
-        rollouts=rollouts,
+        rollouts=rollouts, bundles=bundles, active_bundles=active,
     )
 
 
-def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, str], issue: Any) -> dict[str, RolloutRef]:
+def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, str], issue: Any,
+                      bundles: Mapping[str, Any] | None = None,
+                      arm_bundles: dict[str, dict[str, str]] | None = None) -> dict[str, RolloutRef]:
     """`spec.rollouts`: each names its routes (declared and accepted), its arms (the first is the
     baseline; every arm's backend a target of each route; weights in percent, canaries adding up to
     at most 100, the baseline the rest) and its key policy (header sources only from trusted headers,
@@ -256,13 +276,36 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
                 ok = False
                 continue
             seen[arm.name] = j
+            backend = arm.backend
+            if arm.bundle is not None:  # a bundle arm: the routes' own backend, that bundle's templates
+                b = (bundles or {}).get(arm.bundle)
+                if b is None:
+                    issue(where + ("bundle",), f"no adapter bundle {arm.bundle!r} (bundles: "
+                          f"{', '.join(sorted(bundles or {})) or 'none'}; spec.bundles, or adapterctl bundle load)")
+                    ok = False
+                    continue
+                missing = [t.name for t in targets if t.name not in b.parts]
+                if missing:
+                    issue(where + ("bundle",), f"bundle {arm.bundle!r} has no part for route(s) {', '.join(missing)} "
+                          f"(its bundle.yaml names {', '.join(b.parts)})")
+                    ok = False
+                    continue
+                firsts = sorted({t.backend.name for t in targets if t.backend is not None})
+                if len(firsts) > 1:
+                    issue(where + ("bundle",), f"a bundle arm is served by its routes' first target, and these routes "
+                          f"have different ones ({', '.join(firsts)}): split the rollout per backend")
+                    ok = False
+                    continue
+                backend = firsts[0] if firsts else ""
+                if arm_bundles is not None:
+                    arm_bundles.setdefault(ro.name, {})[arm.name] = arm.bundle
             for route in targets:
                 served = [b.name for b in route.backends]
-                if arm.backend not in served:
-                    issue(where + ("backend",), f"backend {arm.backend!r} is not a target of route {route.name!r} "
+                if backend not in served:
+                    issue(where + ("backend",), f"backend {backend!r} is not a target of route {route.name!r} "
                           f"(targets: {', '.join(served)})")
                     ok = False
-            backends[arm.name] = arm.backend
+            backends[arm.name] = backend
             if j == 0:
                 continue
             if arm.weight is None:
@@ -320,6 +363,137 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
         out[ro.name] = RolloutRef(ro.name, rollout, policy, MappingProxyType(backends), headers,
                                   tuple(t.name for t in targets), control)
     return out
+
+
+def _compile_bundles(specs: Any, loaded: tuple[str, ...], issues: "_Issues") -> tuple[dict[str, Any], dict[str, str]]:
+    """`spec.bundles` and the bundles loaded at run time: each ZIP verified (`canary.bundle.load`, with
+    the entry's publicKey / requireSignature; a loaded bundle with those of the `spec.bundles` entry of
+    its name, which must exist), its bundle.yaml compiled (templates, schemas). Returns the bundles by
+    "<name>@<version>" and the active version per name: the last loaded, else the last declared."""
+    from canary.bundle import BundleError, adapter_contents, load
+
+    issue = issues.add
+    out: dict[str, Any] = {}
+    active: dict[str, str] = {}
+    policy: dict[str, Any] = {}  # name -> the entry whose publicKey / requireSignature applies
+
+    def one(path_name: str, where: tuple, entry: Any, is_loaded: bool) -> Any:
+        from extproc.config.snapshot import AdapterBundle
+
+        key = _relative(issues, entry.public_key) if entry is not None and entry.public_key else None
+        try:
+            b = load(_relative(issues, path_name), public_key=key,
+                     require_signature=bool(entry is not None and entry.require_signature))
+            contents = adapter_contents(b)
+        except BundleError as e:
+            for p in e.problems:
+                issue(where, f"bundle {path_name}: {p}")
+            return None
+        parts: dict[str, Any] = {}
+        ok = True
+        for route, part in contents.routes.items():
+            compiled: dict[str, Any] = {}
+            for f in ("request", "transform"):
+                text = getattr(part, f)
+                if text is None:
+                    continue
+                try:
+                    compiled[f] = compile_template(text)
+                except TemplateError as e:
+                    file, first = part.where.get(f, ("bundle.yaml", 1))
+                    issue(where, f"bundle {path_name}: {file}:{first + e.line - 1}: routes.{route}.{f}: template error "
+                          f"at line {e.line}, column {e.column}: {e.message}")
+                    ok = False
+            if part.output_schema is not None and part.output_schema.get("type", "object") != "object":
+                issue(where, f"bundle {path_name}: bundle.yaml: routes.{route}.outputSchema: must be a JSON Schema "
+                      "of type object")
+                ok = False
+            parts[route] = BundlePart(compiled.get("request"), compiled.get("transform"),
+                                      MappingProxyType(dict(part.output_schema)) if part.output_schema else None)
+        if not ok:
+            return None
+        m = b.manifest
+        return AdapterBundle(m.name, m.version, b.digest, path_name, b.signed, is_loaded, MappingProxyType(parts),
+                             len(contents.golden))
+
+    for i, e in enumerate(specs):
+        base = ("spec", "bundles", i)
+        if e.path is None:
+            if e.name in policy:
+                issue(base + ("name",), f"bundle {e.name!r} is already declared")
+                continue
+            policy[e.name] = e
+            continue
+        b = one(e.path, base + ("path",), e, False)
+        if b is None:
+            continue
+        if e.name is not None and e.name != b.name:
+            issue(base + ("name",), f"the bundle at {e.path} is named {b.name!r} in its manifest, not {e.name!r}")
+            continue
+        if b.ref in out:
+            issue(base + ("path",), f"bundle {b.ref} is already declared (from {out[b.ref].source})")
+            continue
+        prior = policy.get(b.name)
+        if prior is not None and (prior.public_key, prior.require_signature) != (e.public_key, e.require_signature):
+            issue(base + ("publicKey",), f"bundle {b.name!r} is declared with another publicKey / requireSignature; "
+                  "every entry of one name has the same")
+            continue
+        policy.setdefault(b.name, e)
+        out[b.ref] = b
+        active[b.name] = b.ref
+    for path_name in loaded:
+        # a bundle loaded at run time: the manifest's name picks its policy (read first, unchecked)
+        try:
+            name = load(_relative(issues, path_name)).manifest.name
+        except BundleError as e:
+            issue(("spec", "bundles"), f"loaded bundle {path_name}: {e.problems[0]}")
+            continue
+        entry = policy.get(name)
+        if entry is None:
+            issue(("spec", "bundles"), f"loaded bundle {path_name} is named {name!r}, which spec.bundles does not "
+                  f"declare (add {{name: {name}}}, with publicKey to require its signature)")
+            continue
+        b = one(path_name, ("spec", "bundles"), entry, True)
+        if b is None:
+            continue
+        out[b.ref] = b  # a version loaded again replaces the older copy
+        active[b.name] = b.ref
+    return out, active
+
+
+def _route_bundle(ref: str | None, route: str, base: tuple, bundles: Mapping[str, Any], active: Mapping[str, str],
+                  issue: Any) -> str | None | bool:
+    """The bundle a route uses: `bundle: NAME@VERSION` (that one), `bundle: NAME` (its active version), or
+    no `bundle:` (the active bundle whose bundle.yaml names the route, if one does). False: reported."""
+    if ref is None:
+        claiming = sorted(r for r in active.values() if route in bundles[r].parts)
+        if len(claiming) > 1:
+            issue(base, f"bundles {', '.join(claiming)} all name route {route!r}: set `bundle:` on the route")
+            return False
+        return claiming[0] if claiming else None
+    name, _, version = ref.partition("@")
+    chosen = ref if version else active.get(name)
+    if chosen is None or chosen not in bundles:
+        issue(base + ("bundle",), f"no adapter bundle {ref!r} (bundles: {', '.join(sorted(bundles)) or 'none'}; "
+              "spec.bundles, or adapterctl bundle load)")
+        return False
+    if route not in bundles[chosen].parts:
+        issue(base + ("bundle",), f"bundle {chosen!r} has no part for route {route!r} (its bundle.yaml names "
+              f"{', '.join(bundles[chosen].parts)})")
+        return False
+    return chosen
+
+
+def apply_bundle_part(route: Route, bundle: Any) -> Route:
+    """`route` with the templates and schema of `bundle`'s part for it (the parts it leaves out stay);
+    the schema asked of the model is derived again from the transform unless one is given."""
+    part = bundle.parts[route.name]
+    request = part.request if part.request is not None else route.request
+    transform = part.transform if part.transform is not None else route.transform
+    schema = part.output_schema if part.output_schema is not None else (
+        route.response_schema if part.transform is None else derive_output_schema(transform))
+    return replace(route, request=request, transform=transform, response_schema=schema, bundle=bundle.ref,
+                   variants=MappingProxyType({}))
 
 
 def _compile_plan(spec: Any, rollout: Any, base: tuple, issue: Any) -> Any:
@@ -785,4 +959,4 @@ def _check_ports(gw: AdapterGateway, issue: Any) -> None:
             seen[p] = path
 
 
-__all__ = ["compile_snapshot", "derive_output_schema", "model_name", "WILDCARD"]
+__all__ = ["apply_bundle_part", "compile_snapshot", "derive_output_schema", "model_name", "WILDCARD"]

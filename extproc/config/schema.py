@@ -22,6 +22,7 @@ _SIZE = re.compile(r"^\s*(\d+)\s*(|k|K|Ki|KiB|kB|KB|M|Mi|MiB|MB)\s*$")
 _SIZE_UNITS = {"": 1, "k": 1000, "K": 1000, "kB": 1000, "KB": 1000, "Ki": 1024, "KiB": 1024,
                "M": 1000**2, "MB": 1000**2, "Mi": 1024**2, "MiB": 1024**2}
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+BUNDLE_REF = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(@[A-Za-z0-9._+-]+)?$"  # NAME or NAME@VERSION
 
 
 def parse_duration(value: Any) -> float:
@@ -210,6 +211,52 @@ class RouteSpec(_Model):
     mapping: str | None = None  # rest routes: a field-mapping file from `adapterctl align` (relative path)
     plugins: tuple[Annotated[str, Field(pattern=DNS_LABEL)], ...] = ()  # names from spec.plugins, by slot
     policy: RoutePolicy = RoutePolicy()
+    # an adapter bundle (spec.bundles) whose part for this route replaces request, transform and
+    # outputSchema: "NAME" (its active version: the last loaded, else the only declared one) or
+    # "NAME@VERSION" (pinned). Without it, a loaded bundle naming this route in its bundle.yaml applies.
+    bundle: Annotated[str, Field(pattern=BUNDLE_REF)] | None = None
+
+
+class BundleRouteSpec(_Model):
+    """One route's part of an adapter bundle (`bundle.yaml` in the ZIP, `canary/bundle.py`): the
+    route-level fields of a config, versioned. Each template is inline text or a file in the bundle
+    (`requestFile`, `transformFile`); `outputSchema` is inline or `outputSchemaFile` (JSON)."""
+    request: str | None = None
+    request_file: Annotated[str, Field(min_length=1)] | None = None
+    transform: str | None = None
+    transform_file: Annotated[str, Field(min_length=1)] | None = None
+    output_schema: dict[str, Any] | None = None
+    output_schema_file: Annotated[str, Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_each(self) -> "BundleRouteSpec":
+        for f in ("request", "transform", "output_schema"):
+            if getattr(self, f) is not None and getattr(self, f + "_file") is not None:
+                raise FieldError(f + "_file", f"set {to_camel(f)} or {to_camel(f)}File, not both")
+        return self
+
+
+class BundleDocSpec(_Model):
+    """`bundle.yaml`: per route name, that route's templates and schema; golden cases live in `golden/`."""
+    routes: Annotated[dict[Annotated[str, Field(pattern=DNS_LABEL)], BundleRouteSpec], Field(min_length=1)]
+
+
+class BundleSpec(_Model):
+    """An adapter bundle the gateway may use (`spec.bundles`): `path` a bundle ZIP read with the config
+    (relative to the config file), or no path: bundles of this `name` may be loaded at run time
+    (`adapterctl bundle load`). `publicKey` (an ed25519 public key file): the bundle must be signed by it;
+    `requireSignature` without a key refuses unsigned bundles (and every bundle: a key is needed)."""
+    name: Annotated[str, Field(pattern=DNS_LABEL)] | None = None  # default (with a path): the manifest's name
+    path: Annotated[str, Field(min_length=1)] | None = None
+    public_key: Annotated[str, Field(min_length=1)] | None = None
+    require_signature: bool = False
+
+    @model_validator(mode="after")
+    def _named(self) -> "BundleSpec":
+        if self.name is None and self.path is None:
+            raise FieldError("name", "a bundle entry needs a path (a bundle ZIP), a name (bundles of that name may be "
+                             "loaded at run time), or both")
+        return self
 
 
 class TenantCpu(_Model):
@@ -296,10 +343,23 @@ HeaderName = Annotated[str, Field(pattern=r"^[a-z0-9-]+$")]  # lower-case, as En
 
 
 class RolloutArmSpec(_Model):
-    """One arm of a rollout: the backend that serves its requests and its share in percent."""
+    """One arm of a rollout and its share in percent: a backend that serves its requests (one of the
+    route's targets), or an adapter bundle version whose templates its requests use (`bundle:
+    NAME@VERSION`, from spec.bundles; the route's own backend serves them)."""
     name: Annotated[str, Field(pattern=DNS_LABEL)]
-    backend: Annotated[str, Field(min_length=1)]  # one of the route's targets
+    backend: Annotated[str, Field(min_length=1)] | None = None  # one of the route's targets
+    bundle: Annotated[str, Field(pattern=BUNDLE_REF)] | None = None  # or a bundle: NAME@VERSION
     weight: Percent | None = None  # the baseline (first arm): default the rest; canaries: required
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "RolloutArmSpec":
+        if (self.backend is None) == (self.bundle is None):
+            raise FieldError("backend", "an arm is exactly one of backend: NAME (a route target) or bundle: "
+                             "NAME@VERSION (an adapter bundle)" + (", not both" if self.backend else ""))
+        if self.bundle is not None and "@" not in self.bundle:
+            raise FieldError("bundle", f"{self.bundle!r} names no version: a bundle arm is NAME@VERSION (an arm is "
+                             "one fixed version)")
+        return self
 
 
 class RolloutKeySource(_Model):
@@ -440,6 +500,7 @@ class GatewaySpec(_Model):
     scheduling_profiles: tuple[SchedulingProfileSpec, ...] = ()
     epp: EppSpec | None = None  # EPP mode (a Gateway API InferencePool's endpoint picker)
     rollouts: tuple[RolloutSpec, ...] = ()  # canary rollouts of routes' backends (docs/config.md)
+    bundles: tuple[BundleSpec, ...] = ()  # adapter bundles routes and rollout arms use (docs/canary.md)
 
     @model_validator(mode="after")
     def _some_route(self) -> "GatewaySpec":

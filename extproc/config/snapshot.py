@@ -147,6 +147,35 @@ class RolloutRef:
 
 
 @dataclass(frozen=True, slots=True)
+class BundlePart:
+    """One route's part of an adapter bundle, compiled: the templates and schema it replaces (None:
+    the route's own stays)."""
+
+    request: Any = None  # extproc.template.Template | None
+    transform: Any = None
+    output_schema: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterBundle:
+    """An adapter bundle the snapshot can use (`spec.bundles`, or loaded at run time): verified
+    (canary/bundle.py `load`), its bundle.yaml compiled. `ref` is "<name>@<version>"."""
+
+    name: str
+    version: str
+    digest: str  # sha256 of its manifest.json (names this exact content)
+    source: str  # the ZIP as the config (or the state directory) names it
+    signed: bool
+    loaded: bool  # loaded at run time (adapterctl bundle load), not named by the config
+    parts: Mapping[str, BundlePart] = field(hash=False)  # route name -> its part
+    golden: int = 0  # golden cases the bundle carries
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+@dataclass(frozen=True, slots=True)
 class Route:
     name: str
     path: str
@@ -169,6 +198,9 @@ class Route:
     # the dispatch slot's scheduler: a picker that picks alone, or a scheduling profile (None: Envoy balances)
     picker: PluginRef | ProfileRef | None = None
     rollout: RolloutRef | None = None  # the variant slot's canary rollout (spec.rollouts), if any
+    bundle: str | None = None  # "<name>@<version>" of the adapter bundle whose part this route uses
+    # bundle arms of its rollout: arm -> this route with that bundle's part (encode/decode use it)
+    variants: Mapping[str, "Route"] = field(default_factory=dict, hash=False, compare=False)
 
     def backend_for_model(self, model: str | None) -> Backend | None:
         """The first target serving `model` (a backend with no models listed serves any)."""
@@ -228,6 +260,8 @@ class Snapshot:
     profiles: Mapping[str, ProfileRef] = field(default_factory=dict)  # declared and implicit, by name
     epp: EppConfig | None = None  # EPP mode (`spec.epp`): streams without route metadata pick from its pool
     rollouts: Mapping[str, RolloutRef] = field(default_factory=dict)  # by name; each also on its routes
+    bundles: Mapping[str, AdapterBundle] = field(default_factory=dict)  # by "<name>@<version>"
+    active_bundles: Mapping[str, str] = field(default_factory=dict)  # bundle name -> its active "<name>@<version>"
 
     @property
     def tenants_by_id(self) -> Mapping[str, TenantSpec]:
@@ -239,6 +273,8 @@ class Snapshot:
         object.__setattr__(self, "plugins", MappingProxyType(dict(self.plugins)))
         object.__setattr__(self, "profiles", MappingProxyType(dict(self.profiles)))
         object.__setattr__(self, "rollouts", MappingProxyType(dict(self.rollouts)))
+        object.__setattr__(self, "bundles", MappingProxyType(dict(self.bundles)))
+        object.__setattr__(self, "active_bundles", MappingProxyType(dict(self.active_bundles)))
         object.__setattr__(self, "_tenants_by_id", MappingProxyType({t.id: t for t in self.tenants}))
 
     @property
@@ -251,11 +287,12 @@ class Snapshot:
         from dataclasses import replace
 
         backends = {n: replace(b, endpoints=overrides.get(n, b.endpoints)) for n, b in self.backends.items()}
-        routes = {
-            n: replace(r, backend=backends[r.backend.name] if r.backend else None,
-                       backends=tuple(backends[b.name] for b in r.backends))
-            for n, r in self.routes.items()
-        }
+        def moved(r: Route) -> Route:
+            return replace(r, backend=backends[r.backend.name] if r.backend else None,
+                           backends=tuple(backends[b.name] for b in r.backends),
+                           variants={a: moved(v) for a, v in r.variants.items()})
+
+        routes = {n: moved(r) for n, r in self.routes.items()}
         epp = self.epp
         if epp is not None:
             pool = backends[epp.pool.name]

@@ -20,6 +20,7 @@ import orjson
 from backends.base import BackendError
 from extproc.errors import reject
 from extproc.stages.dispatch import backend_of
+from extproc.stages.encode_request import variant_route
 from extproc.template import MissingPathError
 from extproc.types import HttpMessage, Mutate, RequestState, Verdict
 
@@ -38,7 +39,7 @@ class DecodeResponse:
         return None
 
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
-        route = state.route
+        route = variant_route(state)
         backend = backend_of(state)
         try:
             doc = backend.adapter.decode(route, state.response_status or 200, msg.body)

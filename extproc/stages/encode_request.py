@@ -1,6 +1,7 @@
 """Stage `encode-request`: map the client document to the request of the backend dispatch chose.
 
-What: that backend's adapter renders the request (template or default); this stage replaces the
+What: that backend's adapter renders the request (template or default; a rollout's bundle arm
+brings its own templates: `variant_route`); this stage replaces the
 body and sets `:path` to the backend API path, `content-type` and an exact `content-length`. It
 runs after `dispatch` in the same request-body reply, whose routing headers it joins.
 Why: adapting and choosing the destination happen in the same ext_proc reply: one round trip.
@@ -15,11 +16,20 @@ from extproc.stages.dispatch import backend_of
 from extproc.types import HttpMessage, Mutate, RequestState, Verdict
 
 
+def variant_route(state: RequestState):
+    """The route whose templates this request uses: its rollout arm's when that arm is an adapter
+    bundle (`Route.variants`, by the arm of `state.variant` = "<rollout>/<arm>"), else the route."""
+    route = state.route
+    if route.variants and state.variant:
+        return route.variants.get(state.variant.rpartition("/")[2], route)
+    return route
+
+
 class EncodeRequest:
     name = "encode-request"
 
     def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
-        route = state.route
+        route = variant_route(state)
         backend = backend_of(state)
         try:
             encoded = backend.adapter.encode(route, state.input_doc, state.attrs.get("model_metadata"))
