@@ -33,6 +33,7 @@ from extproc import codec
 from extproc.config.snapshot import (DEBUG_METADATA_KEY, DIGEST_METADATA_KEY, ROUTE_METADATA_KEY,
                                      TENANT_METADATA_KEY)
 from extproc.errors import reject
+from extproc.genai import GenAiObserver
 from extproc.metrics import Pending, ProcessorMetrics
 from extproc.runtime import Runtime
 from extproc.stages.dispatch import FALLBACK_ATTR, prefilled
@@ -151,6 +152,7 @@ class ExtProcService:
         self.observer = RequestObserver(metrics)
         self.runtime = runtime if runtime is not None else Runtime()
         self.runtime.lifecycle.observers.append(self.observer)
+        self.runtime.lifecycle.observers.append(GenAiObserver(metrics, self.observer.pending, self.observer.child))
         self.runtime.metrics_sink = self.observer  # scheduling profiles time their plugins into `pending`
         if self.runtime.installed is None:
             self.runtime.install(config.current)

@@ -27,6 +27,7 @@ import time
 import orjson
 
 from extproc.errors import reject
+from extproc.genai import ESTIMATED_EVENTS_ATTR
 from extproc.request import parse_json_body, parse_openai
 from extproc.stages.body_limit import check_length
 from extproc.stages.dispatch import backend_of
@@ -105,6 +106,8 @@ class OpenAIUsage:
 
     def _sse_chunk(self, state: RequestState, msg: HttpMessage) -> Verdict:
         """Count usage from complete SSE events; drop the usage-only event we asked for ourselves."""
+        attrs = state.attrs  # events with a JSON payload: the output-token estimate without usage (genai.py)
+        attrs[ESTIMATED_EVENTS_ATTR] = attrs.get(ESTIMATED_EVENTS_ATTR, 0) + msg.body.count(b"data: {")
         data = state.attrs["pending"] + msg.body
         head, sep, rest = data.rpartition(b"\n\n")
         state.attrs["pending"] = rest if sep else data

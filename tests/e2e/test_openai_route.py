@@ -164,3 +164,37 @@ def test_connection_reset_mid_stream_fails_fast_and_the_gateway_keeps_serving(st
     assert not isinstance(e.value, (openai.APITimeoutError, httpx.TimeoutException)), repr(e.value)
     r = client.chat.completions.create(model="llama-3-8b", messages=[{"role": "user", "content": "x"}], max_tokens=1)
     assert r.choices[0].message.content
+
+
+def test_genai_convention_metrics_through_envoy(stack, client):
+    """A streamed chat through Envoy and the processor records the OpenTelemetry GenAI metrics: request
+    duration, TTFT and time per output token on the serving endpoint, and token usage from the usage
+    chunk the processor asked for (estimated="false")."""
+    settled(stack)
+    url = f"{stack.processor_admin_url}/metrics"
+    labels = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "vllm", "gen_ai_request_model": "llama-3-8b"}
+
+    def count(s, name, **extra):
+        return s.total(name, **labels, **extra)
+
+    s0 = scrape(url)
+    before = {n: count(s0, n) for n in ("gen_ai_server_request_duration_seconds_count",
+                                        "gen_ai_server_time_to_first_token_seconds_count",
+                                        "gen_ai_server_time_per_output_token_seconds_count")}
+    out0 = count(s0, "gen_ai_client_token_usage_sum", gen_ai_token_type="output", estimated="false")
+    stream = client.chat.completions.create(model="llama-3-8b", messages=[{"role": "user", "content": "tell"}],
+                                            max_tokens=8, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    s1 = wait_samples(url, lambda s: count(s, "gen_ai_server_request_duration_seconds_count")
+                      >= before["gen_ai_server_request_duration_seconds_count"] + 1)
+    for name, n in before.items():
+        assert count(s1, name) == n + 1, name
+    assert count(s1, "gen_ai_client_token_usage_sum", gen_ai_token_type="output", estimated="false") - out0 == 8
+    # the serving endpoint is named: the vllm-general simulator's port
+    port = str(stack.simulators["vllm-general"][1])
+    assert count(s1, "gen_ai_server_time_to_first_token_seconds_count", server_port=port) >= 1
+    ttft = count(s1, "gen_ai_server_time_to_first_token_seconds_sum") - count(
+        s0, "gen_ai_server_time_to_first_token_seconds_sum")
+    duration = count(s1, "gen_ai_server_request_duration_seconds_sum") - count(
+        s0, "gen_ai_server_request_duration_seconds_sum")
+    assert 0 < ttft < duration  # 8 tokens at 40 tokens/s: the first comes well before the last

@@ -76,14 +76,15 @@ def declared() -> dict[str, tuple[str, tuple[str, ...]]]:
 def documented_in_operations() -> dict[str, tuple[str, ...]]:
     section = (REPO / "docs" / "operations.md").read_text().split("## Metrics (Prometheus)")[1].split("\n## ")[0]
     return {name: tuple(labels.split(",")) if labels else ()
-            for name, labels in re.findall(r"`(adapter_processor_\w+)(?:\{([\w,]+)\})?`", section)}
+            for name, labels in re.findall(r"`((?:adapter_processor|gen_ai)_\w+)(?:\{([\w,]+)\})?`", section)}
 
 
 def documented_in_module() -> dict[str, tuple[str, tuple[str, ...]]]:
     import extproc.metrics as mod
 
     out = {}
-    for name, kind, labels in re.findall(r"^\| (adapter_processor_\w+) \| (\w+) \| ([^|]*)\|", mod.__doc__, re.M):
+    for name, kind, labels in re.findall(r"^\| ((?:adapter_processor|gen_ai)_\w+) \| (\w+) \| ([^|]*)\|", mod.__doc__,
+                                         re.M):
         names = labels.split("(")[0].strip()  # "route, outcome (ok, ...)": the label names come first
         out[name] = (kind, tuple(n.strip() for n in names.split(",")) if names else ())
     return out
