@@ -12,6 +12,12 @@ Exit codes: 0 done; 1 refused by the plan (e.g. pausing a rolled-back plan) or n
 config republish was refused: the message says why; the controller retries every 5 s); 2 usage; 3 unknown
 rollout, or a rollout without a `plan:` block (manual: edit its weights and reload); 4 the
 supervisor is unreachable or answered something else than JSON.
+`adapterctl bundle load FILE.zip [--admin URL] [--json]` sends a bundle to the supervisor (`POST
+/bundles`): verified, preloaded in the sandbox with its golden cases, published only if it passes.
+Exit 0 loaded (the generation serving it is printed); 1 refused (each reason on stderr: FILE: FIELD:
+REASON, or the golden case with its diff; nothing changed); 4 unreachable. `adapterctl restart --rolling`
+(`POST /restart`): every worker replaced in turn with its drain; exit 0 done, 1 stopped at a worker
+that did not come back, 4 unreachable.
 Cost: one HTTP request.
 """
 
@@ -52,6 +58,82 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         a.add_argument("--reason", default="", help="kept in the event and the log")
         common(a)
         a.set_defaults(fn=cmd_action, action=action)
+
+
+def register_bundle_load(bundle_subparsers: argparse._SubParsersAction) -> None:
+    """Add `bundle load` to adapterctl's `bundle` subcommands (build and verify are extproc/cli.py's)."""
+    b = bundle_subparsers.add_parser("load", help="load a bundle into the running gateway: verified, preloaded in "
+                                     "a sandbox with its golden requests, published only if it passes")
+    b.add_argument("file", metavar="FILE.zip")
+    b.add_argument("--admin", metavar="URL", help="the processor admin URL (default: http://127.0.0.1:PORT with "
+                   "PORT the --config file's spec.processor.adminPort, else 9902)")
+    b.add_argument("--config", metavar="FILE", help="the AdapterGateway file, for the default admin port")
+    b.add_argument("--timeout", type=float, default=120.0)
+    b.add_argument("--json", action="store_true", help="print the supervisor's JSON answer")
+    b.set_defaults(fn=cmd_bundle_load)
+
+
+def register_restart(subparsers: argparse._SubParsersAction) -> None:
+    """Add `restart --rolling` to adapterctl's subcommands."""
+    r = subparsers.add_parser("restart", help="replace the processor's workers (new code) one at a time, with drain")
+    r.add_argument("--rolling", action="store_true", required=True, help="one worker at a time (the only mode)")
+    r.add_argument("--admin", metavar="URL")
+    r.add_argument("--config", metavar="FILE")
+    r.add_argument("--timeout", type=float, default=600.0)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_restart)
+
+
+def cmd_bundle_load(args: argparse.Namespace) -> int:
+    import httpx
+
+    url = _admin(args) + "/bundles"
+    try:
+        with open(args.file, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        print(f"adapterctl bundle load: refused {args.file}:\n  {args.file}: bundle: cannot be read: "
+              f"{e.strerror or e}", file=sys.stderr)
+        return EXIT_REFUSED
+    try:
+        r = httpx.post(url, content=data, headers={"content-type": "application/zip"}, timeout=args.timeout)
+        doc = r.json()
+    except (httpx.HTTPError, ValueError) as e:
+        print(f"adapterctl bundle load: {url}: supervisor unreachable or not answering JSON: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=True))
+    if not isinstance(doc, dict) or not doc.get("accepted"):
+        stage = doc.get("stage", "?") if isinstance(doc, dict) else "?"
+        print(f"adapterctl bundle load: refused {args.file} at {stage} ({doc.get('bundle') or 'unnamed'}); keeping "
+              f"generation {doc.get('generation')}:", file=sys.stderr)
+        for line in (doc.get("problems") or []) if isinstance(doc, dict) else [str(doc)]:
+            print(f"  {line}", file=sys.stderr)
+        return EXIT_REFUSED
+    if not args.json:
+        pre = doc.get("preload") or {}
+        print(f"loaded {doc['bundle']} (manifest sha256 {doc['digest']}): routes {', '.join(doc['routes'])}; "
+              f"{len(pre.get('golden') or ())} golden cases passed in the sandbox ({pre.get('network')}); "
+              f"generation {doc['generation']}")
+    return EXIT_OK
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    got = _call(args, "POST", "/restart")
+    if got is None:
+        return EXIT_UNREACHABLE
+    code, doc = got
+    if args.json:
+        print(json.dumps(doc, indent=1, sort_keys=True))
+    for w in doc.get("workers") or ():
+        if not args.json:
+            print(f"worker {w['index']} (port {w['port']}): pid {w['old_pid']} -> {w['pid']}, drained in "
+                  f"{w['drained_s']:g} s, ready after {w['ready_s']:g} s, generation {w['generation']}")
+    if not doc.get("ok"):
+        print(f"adapterctl restart: stopped: {doc.get('error')}", file=sys.stderr)
+        return EXIT_REFUSED
+    return EXIT_OK
 
 
 def _admin(args: argparse.Namespace) -> str:
@@ -163,4 +245,5 @@ def format_status(name: str, r: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["register", "cmd_status", "cmd_action", "format_status"]
+__all__ = ["register", "register_bundle_load", "register_restart", "cmd_status", "cmd_action", "cmd_bundle_load",
+           "cmd_restart", "format_status"]

@@ -20,6 +20,15 @@ file, judges, advances the plans) and, when a plan's weights changed, republishe
 `reload()`: the same make-before-break path, workers first, Envoy second. Plan state lives in
 `spec.processor.stateDir` (default `.adapter-state` beside the config file; the `state_dir`
 argument overrides it), read once at start.
+Adapter bundles (`POST /bundles` with a ZIP as the body, `adapterctl bundle load`): verified
+(canary/bundle.py), preloaded in the sandbox (canary/preload.py: compiled with the config, golden
+cases run), then kept in `<stateDir>/bundles/` (`loaded.json` lists them, oldest first, so a
+restarted supervisor serves them again) and published as the next generation, the loaded ZIPs copied
+into the config bundle (`publish(..., loaded=...)`); a refusal (422, with the stage and the reasons)
+changes nothing. `GET /bundles`: what the accepted snapshot holds and uses.
+Rolling restart (`POST /restart`, `adapterctl restart --rolling`): each worker in turn is stopped with
+its drain (SIGTERM: NOT_SERVING, then the shutdown grace) and replaced by a fresh process on the same
+port, waited for until ready, then ROLLING_SETTLE seconds before the next; reloads wait meanwhile.
 `stop()` sends SIGTERM to all, waits the grace period plus a margin, then kills.
 Why: a Python process is one core; separate processes (not fork after gRPC init, which grpcio
 forbids) listed as separate Envoy endpoints spread the load. One writer of config generations
@@ -57,6 +66,8 @@ log = logging.getLogger("extproc.supervisor")
 
 ACK_TIMEOUT = 10.0  # how long reload() waits for every worker's acknowledgement
 CANARY_RETRY = 5.0  # seconds between attempts to publish a plan's weights while the config file is refused
+LOADED_INDEX = "loaded.json"  # <stateDir>/bundles/: the loaded adapter bundles' file names, oldest first
+ROLLING_SETTLE = 1.5  # after a replaced worker is ready: Envoy's processor health check (1 s interval) sees it
 _READY = re.compile(r"^ready (\S+) generation=(\d+) digest=([0-9a-f]+)$")
 _LOADED = re.compile(r"^loaded generation=(\d+) digest=([0-9a-f]+)$")
 _REFUSED = re.compile(r"^refused generation=(\S+): (.*)$")
@@ -85,6 +96,7 @@ class _Worker:
     last: str = ""  # "ready", "loaded" or "refused": its last protocol line
     refused: tuple[str, str] | None = None  # (generation, reason) of its last refusal
     events: int = 0  # protocol lines seen from this process
+    replacing: bool = False  # a rolling restart is replacing this process (the monitor must not respawn it)
 
     @property
     def pid(self) -> int | None:
@@ -151,6 +163,10 @@ class Supervisor:
         self._state_dir = state_dir
         self.controller: Any = None  # canary.control.Controller, made by start()
         self._pending: Any = None  # the controller's reconciliation for the bundle being published
+        self._loaded: list[str] = []  # adapter bundle ZIPs loaded at run time, oldest first (state dir bundles/)
+        self._bundle_lock = threading.Lock()  # one adapter bundle load at a time
+        self._restarts = {"rolling": 0}
+        self.preload_limits: Any = None  # canary.preload.SandboxLimits (None: its defaults)
 
     @property
     def feed_dir(self) -> str:
@@ -162,7 +178,10 @@ class Supervisor:
         """Publish generation 1 (a `ConfigError` propagates), start the workers on it, wait for
         each `ready`, hand the snapshot to xDS, serve the admin port."""
         try:
-            bundle = publish(self.bundle_root, self.config_path, 1, self.endpoints, rollouts=self._prepare_rollouts())
+            rollouts = self._prepare_rollouts()
+            self._loaded = self._read_loaded()
+            bundle = publish(self.bundle_root, self.config_path, 1, self.endpoints, rollouts=rollouts,
+                             loaded=tuple(self._loaded))
             assert bundle is not None
             with self._cond:
                 self._bundle = bundle
@@ -230,6 +249,160 @@ class Supervisor:
         result = self.reload(reason="canary")
         return {"event": event, "applied": result.accepted and not self.controller.needs_apply(),
                 "reload": result.to_json(), "status": self.controller.status(name)[name]}
+
+    # -- adapter bundles loaded at run time -------------------------------------------------
+    @property
+    def loaded_dir(self) -> str:
+        """Where loaded adapter bundles are kept: `<stateDir>/bundles/` (with `loaded.json`, their order)."""
+        assert self.controller is not None, "start() first"
+        return os.path.join(str(self.controller.state_dir), "bundles")
+
+    def _read_loaded(self) -> list[str]:
+        """The loaded bundles saved by an earlier run (those whose file is gone are dropped, logged)."""
+        index = os.path.join(self.loaded_dir, LOADED_INDEX)
+        try:
+            with open(index) as f:
+                names = json.load(f)
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as e:
+            log.error("%s: unreadable (%s); starting without loaded adapter bundles", index, e)
+            return []
+        paths = [os.path.join(self.loaded_dir, n) for n in names if isinstance(n, str) and "/" not in n]
+        kept = [p for p in paths if os.path.isfile(p)]
+        for p in sorted(set(paths) - set(kept)):
+            log.error("loaded adapter bundle %s is gone; not served", p)
+        return kept
+
+    def _write_loaded(self, paths: list[str]) -> None:
+        os.makedirs(self.loaded_dir, exist_ok=True)
+        index = os.path.join(self.loaded_dir, LOADED_INDEX)
+        tmp = f"{index}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump([os.path.basename(p) for p in paths], f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, index)
+
+    def load_adapter_bundle(self, data: bytes) -> dict[str, Any]:
+        """Load an adapter bundle (the ZIP's bytes) into the running gateway: verified, preloaded in the
+        sandbox (canary/preload.py: compiled with the config and the bundles loaded before, its golden
+        cases run), then kept in the state directory and published as the next generation (every worker,
+        then Envoy). Refused at any step: nothing changes, and the answer says why."""
+        from canary.bundle import BundleError, Limits, load
+        from canary.preload import SandboxLimits, preload
+
+        with self._bundle_lock:
+            os.makedirs(self.loaded_dir, exist_ok=True)
+            if len(data) > Limits().max_zip_bytes:
+                return {"accepted": False, "stage": "verify", "problems": [f"bundle: size: {len(data)} bytes, more "
+                        f"than max_zip_bytes {Limits().max_zip_bytes}"], "generation": self.snapshot.generation}
+            fd, incoming = tempfile.mkstemp(prefix=".incoming-", suffix=".zip", dir=self.loaded_dir)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            keep = False
+            try:
+                try:
+                    b = load(incoming)  # hashes and paths; the signature is checked by the preload's compile
+                except BundleError as e:
+                    return self._refused("verify", [str(p) for p in e.problems])
+                ref = f"{b.manifest.name}@{b.manifest.version}"
+                result = preload(self.config_path, incoming, tuple(self._loaded), self.endpoints or None,
+                                 self.preload_limits or SandboxLimits())
+                if not result.ok:
+                    return self._refused("preload", result.reason.splitlines(), ref, result.to_json())
+                final = os.path.join(self.loaded_dir, f"{ref}-{b.digest[:16]}.zip")
+                os.replace(incoming, final)
+                keep = True
+                before = list(self._loaded)
+                self._loaded = [p for p in before if not os.path.basename(p).startswith(ref + "-")] + [final]
+                reload = self.reload(reason="bundle")
+                if not reload.accepted:
+                    self._loaded = before
+                    if final not in before:
+                        os.unlink(final)
+                    return self._refused("publish", reload.errors.splitlines(), ref, result.to_json())
+                self._write_loaded(self._loaded)
+                for p in before:  # an older copy of the same version, replaced
+                    if p not in self._loaded:
+                        os.unlink(p)
+                log.warning("adapter bundle %s (manifest sha256 %s) loaded: generation %d; golden cases %d passed "
+                            "in the sandbox (%s)", ref, b.digest, reload.generation, len(result.golden), result.network)
+                return {"accepted": True, "bundle": ref, "digest": b.digest, "routes": list(result.routes),
+                        "generation": reload.generation, "reload": reload.to_json(), "preload": result.to_json()}
+            finally:
+                if not keep:
+                    try:
+                        os.unlink(incoming)
+                    except FileNotFoundError:
+                        pass
+
+    def _refused(self, stage: str, problems: list[str], ref: str = "", preload: Any = None) -> dict[str, Any]:
+        log.error("adapter bundle %s refused at %s, keeping generation %d:\n%s", ref or "?", stage,
+                  self.snapshot.generation, "\n".join(problems))
+        return {"accepted": False, "stage": stage, "bundle": ref, "problems": problems,
+                "generation": self.snapshot.generation, "preload": preload}
+
+    def bundles_state(self) -> dict[str, Any]:
+        """What `GET /bundles` answers: the bundles the accepted snapshot holds, and which are active."""
+        snap = self.snapshot
+        return {"generation": snap.generation, "active": dict(snap.active_bundles),
+                "loaded": [os.path.basename(p) for p in self._loaded],
+                "bundles": {ref: {"name": b.name, "version": b.version, "digest": b.digest, "loaded": b.loaded,
+                                  "signed": b.signed, "routes": list(b.parts), "golden": b.golden}
+                            for ref, b in snap.bundles.items()},
+                "routes": {n: r.bundle for n, r in snap.routes.items() if r.bundle}}
+
+    # -- rolling restart -------------------------------------------------------------------
+    def rolling_restart(self, settle: float = ROLLING_SETTLE, timeout: float = 30.0) -> dict[str, Any]:
+        """Replace every worker with a fresh process (new code from disk), one at a time: the old one is
+        sent SIGTERM (NOT_SERVING: Envoy's health check stops new streams; its open streams finish
+        within the shutdown grace), the new one starts on the same port on the accepted generation and
+        is waited for (`ready`), then `settle` seconds (one Envoy health-check interval: it is back in
+        rotation) before the next. Reloads wait meanwhile. A worker that does not come back stops the
+        restart (the monitor keeps restarting it as for a crash)."""
+        done = []
+        with self._reload_lock:
+            for w in self.workers:
+                if self._stopping.is_set():
+                    break
+                with self._lock:
+                    old = w.proc
+                    w.replacing = True
+                started = time.monotonic()
+                try:
+                    if old is not None and old.poll() is None:
+                        old.send_signal(signal.SIGTERM)
+                        try:
+                            old.wait(self.grace + 2.0)
+                        except subprocess.TimeoutExpired:
+                            log.warning("worker %d did not stop within the grace period; killing", w.index)
+                            old.kill()
+                            old.wait()
+                    from prometheus_client import multiprocess
+
+                    if old is not None:
+                        multiprocess.mark_process_dead(old.pid, self._metrics_dir)
+                    drained = time.monotonic() - started
+                    with self._lock:
+                        if self._stopping.is_set():
+                            break
+                        self._spawn(w)
+                finally:
+                    w.replacing = False
+                try:
+                    self._wait_ready(w, time.monotonic() + timeout)
+                except RuntimeError as e:
+                    log.error("rolling restart stopped at worker %d: %s", w.index, e)
+                    return {"ok": False, "workers": done, "error": str(e)}
+                done.append({"index": w.index, "port": w.port, "old_pid": old.pid if old else None, "pid": w.pid,
+                             "drained_s": round(drained, 3), "ready_s": round(time.monotonic() - started, 3),
+                             "generation": w.generation})
+                log.info("rolling restart: worker %d replaced (pid %s -> %s)", w.index, old.pid if old else None, w.pid)
+                if settle > 0 and w is not self.workers[-1]:
+                    self._stopping.wait(settle)
+            self._restarts["rolling"] += 1
+        return {"ok": True, "workers": done}
 
     @property
     def snapshot(self) -> "Snapshot":
@@ -308,6 +481,10 @@ class Supervisor:
             code = proc.wait()
             if self._stopping.is_set():
                 return
+            if w.replacing or w.proc is not proc:  # a rolling restart stopped it and starts its successor
+                while w.replacing and not self._stopping.is_set():
+                    time.sleep(0.05)
+                continue
             from prometheus_client import multiprocess
 
             multiprocess.mark_process_dead(proc.pid, self._metrics_dir)
@@ -348,7 +525,8 @@ class Supervisor:
             current = self.snapshot
             try:
                 bundle = publish(self.bundle_root, self.config_path, current.generation + 1, self.endpoints,
-                                 unchanged=current.digest, rollouts=self._prepare_rollouts())
+                                 unchanged=current.digest, rollouts=self._prepare_rollouts(),
+                                 loaded=tuple(self._loaded))
             except (ConfigError, OSError) as e:
                 self._pending = None
                 text = str(e) if isinstance(e, ConfigError) else f"{self.config_path}: cannot publish bundle: {e}"
@@ -497,6 +675,8 @@ class Supervisor:
                     self._json(200, sup.config_state())
                 elif path == "/canary" or path.startswith("/canary/"):
                     self._canary_status(path[len("/canary/"):] or None if path != "/canary" else None)
+                elif path == "/bundles":
+                    self._json(200, sup.bundles_state())
                 else:
                     self._send(404, b"not found: try /metrics, /healthz, /config, /canary or POST /reload\n",
                                "text/plain")
@@ -539,8 +719,17 @@ class Supervisor:
                 if path.startswith("/canary/"):
                     self._canary_action(path, body)
                     return
+                if path == "/bundles":
+                    doc = sup.load_adapter_bundle(body)
+                    self._json(200 if doc["accepted"] else 422, doc)
+                    return
+                if path == "/restart":
+                    doc = sup.rolling_restart()
+                    self._json(200 if doc["ok"] else 500, doc)
+                    return
                 if path != "/reload":
-                    self._send(404, b"not found: POST /reload or POST /canary/NAME/ACTION\n", "text/plain")
+                    self._send(404, b"not found: POST /reload, /bundles, /restart or /canary/NAME/ACTION\n",
+                               "text/plain")
                     return
                 result = sup.reload()
                 doc = result.to_json()
