@@ -12,6 +12,8 @@ Examples:
   adapterctl quota --watch                                         # tenants' CPU against quotas
   adapterctl bundle build adapters/finance -o finance.zip --version 1.2.0 --sign-key key.pem
   adapterctl bundle verify finance.zip --public-key key.pub        # 1 and the reasons when refused
+  adapterctl bundle load finance.zip --config gw.yaml              # preloaded in a sandbox, then live
+  adapterctl restart --rolling --config gw.yaml                    # new worker code, one worker at a time
 Exit codes: 0 ok, 1 invalid config or failed check, 2 usage error, 3 start-up failure.
 """
 
@@ -501,6 +503,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "key (PEM or OpenSSH)")
     b.add_argument("--require-signature", action="store_true", help="refuse an unsigned bundle")
     b.set_defaults(fn=cmd_bundle)
+    from canary.cli import register_bundle_load, register_restart
+
+    register_bundle_load(bsub)  # bundle load (a running gateway)
+    register_restart(sub)  # restart --rolling
 
     from extproc.semantic.cli import register
 
