@@ -27,6 +27,14 @@ What the generated config does:
   so a worker can tell which config Envoy routed a request by;
 - `failureMode: closed` answers 503 when the processor is unreachable; `open` passes the request
   through to the route's backend unchanged;
+- failure behaviour (docs/operations.md "Failure behaviour", tests/e2e/test_reliability.py): the
+  ext_proc stream retries on another worker when its worker refuses it or dies before answering
+  (`processor_retry_policy`), a worker failing twice in a row is ejected until a health check
+  passes; every route entry that forwards retries on another host where the request never reached
+  the backend, inference kinds also after a reset (`upstream_retry_policy`); backend connections
+  close idle below each backend kind's keep-alive and retire after 500 requests
+  (`UPSTREAM_IDLE_TIMEOUT`, `UPSTREAM_MAX_REQUESTS_PER_CONNECTION`); endpoints refusing
+  connections are ejected from the balancer (not from the processor's picks: retries move those);
 - Envoy's own error replies (404 unknown route, 413 body too large, 503 backend down, 504) are
   JSON naming the reason and the backend; the processor's JSON errors pass through unchanged.
 The pieces (listener, route configuration, clusters, load assignments) are public: `render` puts
