@@ -601,4 +601,6 @@ __all__ = ["render", "render_yaml", "dump_yaml", "processing_mode", "route_confi
            "http_connection_manager", "backend_cluster", "load_assignment", "processor_cluster", "als_clusters",
            "access_loggers", "bootstrap_base", "worker_count", "uses_eds", "is_ip", "PROCESSOR_CLUSTER",
            "ALS_CLUSTER_PREFIX", "HEALTH_ROUTE", "DESTINATION_HEADER", "LB_METADATA_NAMESPACE", "DIGEST_METADATA_KEY",
-           "ROUTE_CONFIG_NAME", "LISTENER_NAME", "STAT_PREFIX"]
+           "ROUTE_CONFIG_NAME", "LISTENER_NAME", "STAT_PREFIX", "upstream_retry_policy", "processor_retry_policy",
+           "NEVER_SENT_RETRY_ON", "SENT_RETRY_ON", "IDEMPOTENT_KINDS", "UPSTREAM_IDLE_TIMEOUT",
+           "UPSTREAM_MAX_REQUESTS_PER_CONNECTION", "HOST_SELECTION_ATTEMPTS"]
