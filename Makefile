@@ -15,7 +15,7 @@ MLSERVER := $(MLSERVER_VENV)/bin/python
 CONFIG ?= examples/finance-llm-adapter.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test setup envoy ebpf-setup h2load-setup perf render clean mutation
+.PHONY: run test setup envoy ebpf-setup h2load-setup monitoring-setup perf render clean mutation
 
 run: setup
 	$(VENV)/bin/adapterctl up $(CONFIG) --simulate
@@ -28,7 +28,7 @@ test: setup
 	$(VENV)/bin/python -m coverage report; \
 	exit $$rc
 
-setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup $(MLSERVER)
+setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup monitoring-setup $(MLSERVER)
 
 # MLServer, an independent KServe v2 server the Triton adapter is tested against. Its own venv:
 # it needs protobuf<7, the project pins protobuf 7. A failed install only skips that test (it says why).
@@ -45,6 +45,18 @@ h2load-setup:
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client >/dev/null 2>&1; }; } \
 		&& echo "h2load installed (nghttp2-client)"; } || echo "h2load: not installed (needs root and apt-get); tests that use it skip"
+
+# Prometheus and promtool (Debian's prometheus): tests/e2e/test_monitoring.py checks the alert rules and
+# evaluates the dashboard (examples/monitoring/) on a real server. Once, as root with apt-get (the
+# package's service is not started: no systemd here); otherwise one line, and those tests skip saying why.
+monitoring-setup:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null 2>&1 && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		    --no-install-recommends prometheus >/dev/null 2>&1; }; } \
+		&& echo "prometheus installed (Debian prometheus: prometheus, promtool)"; } || \
+		echo "prometheus: not installed (needs root and apt-get); tests/e2e/test_monitoring.py skips"
 
 # BCC, kernel headers, tracefs for the tenant agent (as root; prints one line and goes on otherwise).
 ebpf-setup:
