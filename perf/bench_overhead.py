@@ -109,13 +109,15 @@ def _analyze_body(size: int = 1024) -> str:
     return json.dumps({"query": text[: size - empty]}, separators=(",", ":"))
 
 
-ANALYZE_BODY = _analyze_body()
+# The short `{"query": ...}` body (bench_feedback.py imports it: its runs stay comparable with its history).
+ANALYZE_BODY = json.dumps({"query": "Book 12.50 EUR of office supplies to account 6001."}, separators=(",", ":"))
+LLM_BODY = _analyze_body()  # this bench's llm route: 1 KB of JSON in
 STREAM_MODEL = "bench-model"
 STREAM_TOKENS = 16
 STREAM_BODY = json.dumps({"model": STREAM_MODEL, "prompt": "Stream a short answer.", "max_tokens": STREAM_TOKENS,
                           "stream": True}, separators=(",", ":"))
 PATHS = {"headers": "/v1/chat/completions", "llm": "/v1/analyze", "stream": "/v1/completions"}
-BODIES = {"headers": CHAT_BODY, "llm": ANALYZE_BODY, "stream": STREAM_BODY}
+BODIES = {"headers": CHAT_BODY, "llm": LLM_BODY, "stream": STREAM_BODY}
 
 _T = "type.googleapis.com/"
 
@@ -810,7 +812,7 @@ def append_results(info: dict[str, str], command: str, table: str, cpu_table: st
 - Command: `{command}` ({duration:g} s measured per run after a {warmup:g} s warm-up{reps_text}; wrk threads: 1 at c=1, 2 otherwise)
 - Load: {load_text}. The machine is shared with other sessions' tests: the "other load" column is the CPU (in cores, of {os.cpu_count()}) they used during each point.
 
-Routes: headers = POST /v1/chat/completions (passthrough, headers only); llm = POST /v1/analyze, {len(ANALYZE_BODY)} B JSON in, JSON out (4 messages); stream = POST /v1/completions, `"stream": true` (openai route, response body STREAMED). Latency in ms (wrk `--latency`); ratios to the floor's row of the same route and c.
+Routes: headers = POST /v1/chat/completions (passthrough, headers only); llm = POST /v1/analyze, {len(LLM_BODY)} B JSON in, JSON out (4 messages); stream = POST /v1/completions, `"stream": true` (openai route, response body STREAMED). Latency in ms (wrk `--latency`); ratios to the floor's row of the same route and c.
 
 {table}
 

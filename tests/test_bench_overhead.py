@@ -100,8 +100,8 @@ def test_reps_merge_into_medians_and_per_request_cpu_over_all_runs():
     assert "req/s range" in bo.fmt_table([row]) and "300–1,000" in bo.fmt_table([row])
 
 
-def test_the_llm_body_is_1_kb_json_and_the_stream_route_is_added(tmp_path):
-    assert len(bo.ANALYZE_BODY) == 1024 and set(json.loads(bo.ANALYZE_BODY)) == {"query"}
+def test_the_llm_body_is_1_kb_json_and_the_floor_gets_our_envoy_config(tmp_path):
+    assert len(bo.LLM_BODY) == 1024 and set(json.loads(bo.LLM_BODY)) == {"query"} and bo.BODIES["llm"] == bo.LLM_BODY
     cfg = bo.bench_config(18080, 18081)
     assert {"path": "/v1/completions", "target": "sim", "kind": "openai"} in cfg["spec"]["routes"]
     path = tmp_path / "bench.yaml"
@@ -311,7 +311,7 @@ def test_floor_behind_envoy_with_the_bench_bootstrap_returns_200(floor_bin, tmp_
             r = c.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=bo.CHAT_BODY, headers=hdr)
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == bo.MODEL_CONTENT
             assert bo.envoy_counter(admin_url, "http.adapter.ext_proc.stream_msgs_sent") == 1  # headers only
-            r = c.post(f"http://127.0.0.1:{port}/v1/analyze", content=bo.ANALYZE_BODY, headers=hdr)
+            r = c.post(f"http://127.0.0.1:{port}/v1/analyze", content=bo.LLM_BODY, headers=hdr)
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == bo.MODEL_CONTENT
             # request headers + body, response headers + body: the llm route's four phases reached the floor
             assert bo.envoy_counter(admin_url, "http.adapter.ext_proc.stream_msgs_sent") == 5
