@@ -70,7 +70,8 @@ COUNTERS = ("cluster.adapter_processor.upstream_rq_retry", "cluster.adapter_proc
             "cluster.llm.upstream_rq_retry_success", "cluster.llm.outlier_detection.ejections_enforced_total",
             "cluster.llm.upstream_rq_retry_overflow", "cluster.adapter_processor.upstream_rq_retry_overflow", "cluster.llm.upstream_cx_max_requests",
             "cluster.llm.upstream_cx_idle_timeout", "cluster.llm.upstream_cx_destroy_remote_with_active_rq",
-            "cluster.echo.upstream_cx_idle_timeout", "cluster.ort.upstream_cx_idle_timeout")
+            "cluster.echo.upstream_cx_idle_timeout", "cluster.ort.upstream_cx_idle_timeout",
+            "cluster.llm-h1.upstream_cx_idle_timeout", "cluster.llm-h1.upstream_rq_retry")
 
 
 @contextlib.contextmanager
@@ -241,7 +242,7 @@ def scenario(name: str, args: argparse.Namespace, tmp: Path, procs: Procs) -> li
     elif name == "churn":
         with variant("shipped"):
             st, *_ = reliability_stack(tmp / "churn", procs, llm=1)
-            report = rel.connection_churn(st, args.seconds, 3, busy_requests=rel.STEADY[:2])
+            report = rel.connection_churn(st, args.seconds, 3, busy_requests=[rel.STEADY[0], rel.STEADY[1], rel.STEADY[4]])
             out.append(("connection churn", report, stats_of(st), f"{args.seconds:g} s load on h2c, then 3 x 5.2 s idle"))
             procs.stop()
     elif name == "reloads":

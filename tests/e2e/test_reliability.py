@@ -45,11 +45,11 @@ MODEL = "qwen2.5-finance"
 CHAT = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
 ANALYZE = b'{"query": "q"}'
 TRANSFORM = '{"voucher": {"amount": $.output.amount, "account": $.output.account}}'
-# the routes every scenario loads: llm (buffered both ways), openai with the processor's endpoint
-# pick, passthrough (headers only: the access log tells the processor the end), and one of each
-# failure mode
+# the routes every scenario loads: llm (buffered both ways) over h2c, openai with the processor's
+# endpoint pick, passthrough (headers only: the access log tells the processor the end) in each
+# failure mode, and llm over HTTP/1.1 to the same simulators (hypercorn's h11 keep-alive)
 STEADY = [Req("POST", "/v1/analyze", ANALYZE), Req("POST", "/v1/chat/completions", CHAT),
-          Req("GET", "/echo/x"), Req("GET", "/open/x")]
+          Req("GET", "/echo/x"), Req("GET", "/open/x"), Req("POST", "/h1/analyze", ANALYZE)]
 
 
 class Simulator:
@@ -104,6 +104,7 @@ def write_config(path: Path, t: Topology) -> Path:
             "modelRef": MODEL,
             "backends": [{"name": "llm", "kind": "openai", "protocol": "grpc", "endpoints": t.llm},
                          {"name": "echo", "kind": "rest", "protocol": "http", "endpoints": t.echo},
+                         {"name": "llm-h1", "kind": "openai", "protocol": "http", "endpoints": t.llm},
                          *t.extra_backends],
             "plugins": [{"name": "spread", "type": "least-in-flight", "parameters": {"fallbacks": t.fallbacks}}],
             "routes": [
@@ -111,6 +112,7 @@ def write_config(path: Path, t: Topology) -> Path:
                 {"path": "/v1/chat/completions", "kind": "openai", "targets": ["llm"], "plugins": ["spread"]},
                 {"path": "/echo/", "match": "prefix", "target": "echo"},
                 {"path": "/open/", "match": "prefix", "target": "echo", "policy": {"failureMode": "open"}},
+                {"path": "/h1/analyze", "target": "llm-h1", "transform": TRANSFORM},
                 *t.extra_routes,
             ],
         },
@@ -306,7 +308,7 @@ def test_backends_closing_idle_and_old_connections_fail_nothing(tmp_path, backen
     sims, echoes = backends
     cfg = write_config(tmp_path / "gw.yaml", Topology([sims[0].id], [echoes[0].id]))
     st = start_stack(stack_factory, cfg)
-    report = connection_churn(st, busy=8, idle_cycles=2, busy_requests=STEADY[:2])
+    report = connection_churn(st, busy=8, idle_cycles=2, busy_requests=[STEADY[0], STEADY[1], STEADY[4]])
     stats = envoy_stats(st)
     llm = {k[len("cluster.llm."):]: v for k, v in stats.items() if k.startswith("cluster.llm.upstream_")}
     print(f"\nconnection churn (load, then 2 idle gaps of 5.2 s): {report.summary()}; llm upstream: "
@@ -321,7 +323,9 @@ def test_backends_closing_idle_and_old_connections_fail_nothing(tmp_path, backen
         assert llm.get("upstream_cx_max_requests", 0) > 0, llm
     assert llm.get("upstream_cx_idle_timeout", 0) > 0
     assert stats.get("cluster.echo.upstream_cx_idle_timeout", 0) > 0
-    assert stats.get("cluster.llm.upstream_cx_destroy_remote_with_active_rq", 0) == 0
+    assert stats.get("cluster.llm-h1.upstream_cx_idle_timeout", 0) > 0  # HTTP/1.1 to hypercorn
+    for cluster in ("llm", "llm-h1", "echo"):  # no backend closed a connection under a request
+        assert stats.get(f"cluster.{cluster}.upstream_cx_destroy_remote_with_active_rq", 0) == 0, cluster
 
 
 def test_reloads_of_every_kind_under_load_fail_nothing_on_the_routes_that_stay(tmp_path, backends, stack_factory):
