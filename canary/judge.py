@@ -51,9 +51,10 @@ at most about k * m * alpha (less in practice: the threshold must be exceeded to
 overlap, and Fisher's test is conservative at small counts); judging more often (a shorter controller
 interval) adds looks at nearly the same data, which raises it less than k times but does raise it.
 Why 1e-5: perf/bench_canary.py's A/A ramps (simulated LLM arms, judged every 60 s, ~43 judged looks per
-ramp) gave 2 false rollbacks in 100 at alpha 1e-4 (one TTFT, one error) and 0 in 300 at 1e-5, while a
-20 % TTFT regression is still rolled back at the first judged window (200 canary requests) in 100 of
-100 (its z is 6 to 10 there); tests/canary/test_plan.py's closed loop (48 looks) gave 5 in 100 at 1e-3.
+ramp) gave 2 false rollbacks in 100 at alpha 1e-4 (one TTFT, one error); at 1e-5, 1 in 100 (seed 1: the
+error rule, which alpha does not touch) and 0 in 300 (seed 2), 1 in 400 together (95 % Wilson
+[0.04 %, 1.4 %]), while a 20 % TTFT regression is still rolled back at the first judged window (200
+canary requests) in 100 of 100; tests/canary/test_plan.py's closed loop (48 looks) gave 5 in 100 at 1e-3.
 error_alpha stays 1e-3: at 1e-4 a 1 % error rate was rolled back within 1,000 canary requests in only
 93 of 100 ramps (the canary must show 3 to 4 errors instead of 2 to 3 before the plan's first promotion
 clears the window), against 98 of 100 at 1e-3; the error false rollbacks it allows are rare (2 canary
