@@ -514,8 +514,10 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
             # adapter: our own (worker, processor_reply); envoy.lb: the endpoint pick (override_host)
             "metadata_options": {"receiving_namespaces": {"untyped": ["adapter", LB_METADATA_NAMESPACE]}},
             # the endpoint that served, with the response headers (routes that read them learn their
-            # request's end from the stream; the others from the access log)
-            "response_attributes": ["upstream.address", "response.code"],
+            # request's end from the stream; the others from the access log); code details say whether
+            # the answer came from the upstream ("via_upstream") or is Envoy's own (decode-response
+            # sanitises only a backend's own error bodies)
+            "response_attributes": ["upstream.address", "response.code", "response.code_details"],
         }},
         {"name": "envoy.filters.http.router", "typed_config": {
             "@type": _T + "envoy.extensions.filters.http.router.v3.Router"}},
