@@ -244,6 +244,7 @@ class ExtProcService:
                             if code:
                                 state.response_status = code
                             state.served = attrs.get("upstream.address") or None
+                            state.response_details = attrs.get("response.code_details") or None
                     if phase is _RESPONSE_BODY and state.first_body is None and msg.body:
                         state.first_body = time.monotonic()
                         if state.inflight is not None:  # a pick's prefill is done at its first token

@@ -180,6 +180,9 @@ class RequestState:
     # first event, which engines send with the first token, so first_body - started is the TTFT seen here)
     first_body: float | None = None
     served: str | None = None  # "ip:port" of the endpoint that answered (Envoy's `upstream.address`)
+    # Envoy's `response.code_details` of the response: "via_upstream" when the upstream answered, else
+    # why Envoy answered itself (e.g. "upstream_reset_before_response_started{connection_failure}")
+    response_details: str | None = None
     runtime: Any = None  # extproc.runtime.Runtime
     attrs: dict[str, Any] = field(default_factory=dict)  # stage-private values (one stage writes and reads)
     # lifecycle

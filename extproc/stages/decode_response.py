@@ -4,8 +4,13 @@ What: the backend adapter decodes the buffered response into
 `{"output", "model", "usage", "response"}` plus `input` (the client's document); the route's
 transform renders the client body from it (without a transform the client gets `output`).
 A path missing from the output gives 502 naming the path (unless the template declares a `??`
-default). Error responses (the backend's, or Envoy's own such as 503 for a backend that is down)
-are not transformed: the response-headers reply tells Envoy to pass their body through.
+default). Envoy's own error replies (503 for a backend that is down, 413, 504: JSON naming the
+backend; their `response.code_details` attribute is not "via_upstream") pass through untouched: the
+response-headers reply tells Envoy not to send their body. A backend's own error (status 400 or
+more, "via_upstream") is sanitised: its body can carry a server's internals (a llama.cpp
+500 names the server's source file and line), so the client gets the route's error with the same
+status, code `backend_error`, the backend's name and the request id, and the body itself goes to
+the gateway's log (warning, first 2 KiB) under that request id.
 With debug on (`x-adapter-debug: 1` from the client), the reply carries the backend request the
 processor produced in `x-adapter-backend-request` (base64 JSON) for `adapterctl test`.
 Cost: two JSON parses (response, model content), one render, one encode.
@@ -14,6 +19,7 @@ Cost: two JSON parses (response, model content), one render, one encode.
 from __future__ import annotations
 
 import base64
+import logging
 
 import orjson
 
@@ -25,6 +31,16 @@ from extproc.template import MissingPathError
 from extproc.types import HttpMessage, Mutate, RequestState, Verdict
 
 DEBUG_LIMIT = 16 * 1024
+ERROR_LOG_LIMIT = 2048  # bytes of a backend's error body written to the log
+SANITISE_ATTR = "decode.backend_error_status"  # state.attrs: the backend's error status, its body to log
+log = logging.getLogger(__name__)
+
+
+def _from_upstream(state: RequestState) -> bool:
+    """The response came from the backend, not from Envoy: its `response.code_details` attribute is
+    "via_upstream" (without the attribute, e.g. a hand-written Envoy config, an upstream address)."""
+    details = state.response_details
+    return details == "via_upstream" if details is not None else bool(state.served)
 
 
 class DecodeResponse:
@@ -32,15 +48,26 @@ class DecodeResponse:
 
     def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         status = state.response_status or 0
+        if state.backend_request is not None and status >= 400 and _from_upstream(state):
+            state.attrs[SANITISE_ATTR] = status  # the backend's own error: read its body, to log it
+            return None
         if state.backend_request is None or status >= 300:
-            # Envoy's own reply (413, 503 backend down, 504: already JSON naming the backend) or
-            # the backend's error: the client gets it as it is, and Envoy need not send us the body.
+            # Envoy's own reply (413, 503 backend down, 504: already JSON naming the backend) or a
+            # redirect: the client gets it as it is, and Envoy need not send us the body.
             return Mutate(skip_body=True)
         return None
 
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         route = variant_route(state)
         backend = backend_of(state)
+        status = state.attrs.get(SANITISE_ATTR)
+        if status is not None:
+            log.warning("route %s: backend %s (%s) answered HTTP %d to request %s; its body, not returned to the "
+                        "client: %r", route.name, backend.name, state.served, status, state.request_id,
+                        msg.body[:ERROR_LOG_LIMIT])
+            return reject(status if status < 600 else 502, "backend_error",
+                          f"backend {backend.name} answered HTTP {status}; the gateway logged its answer under "
+                          f"request id {state.request_id}", backend=backend.name)
         try:
             doc = backend.adapter.decode(route, state.response_status or 200, msg.body)
         except BackendError as e:

@@ -34,6 +34,22 @@ def test_backend_down_and_body_limit(stack_factory):
     assert health.status_code == 503 and health.json()["failed"] == ["backend dead"]
 
 
+def test_a_backends_own_error_body_is_sanitised_on_an_adapting_route(stack_factory):
+    """The simulator answers 500 with its own error body (a real llama.cpp server puts its source file
+    and line there); the llm route's client gets the route's error with the status kept, the backend
+    named and the request id, and none of the backend's text."""
+    st = stack_factory(FAULTS, simulate={"llm"})
+    r = httpx.post(f"{st.url}/v1/analyze", content=b'{"query": "Q3"}', headers={"x-simulator-fault": "status=500"},
+                   timeout=10)
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["code"] == "backend_error" and err["backend"] == "llm"
+    assert "simulated engine failure" not in r.text and "InternalServerError" not in r.text
+    assert err.get("request_id") or "request id" in err["message"]
+    ok = httpx.post(f"{st.url}/v1/analyze", content=b'{"query": "Q3"}', timeout=10)
+    assert ok.status_code == 200  # the next request is served as usual
+
+
 def test_processor_down_follows_each_routes_failure_mode(stack_factory):
     st = stack_factory(FAULTS, simulate={"llm"})
     assert httpx.post(f"{st.url}/v1/chat/completions", json=CHAT, timeout=10).status_code == 200

@@ -102,3 +102,42 @@ def test_debug_cuts_a_long_backend_request_and_omits_a_missing_one():
     assert base64.b64decode(dict(v.set_headers)["x-adapter-backend-request"]) == big[:DEBUG_LIMIT]
     none = decode(state("plain", sent=None, debug=True), chat("ok"))
     assert [k for k, _ in none.set_headers] == ["content-type", "x-adapter-route", "x-adapter-backend"]
+
+
+# --- a backend's own error: sanitised, logged -----------------------------------------------------------
+
+LLAMA_500 = (b'{"error": {"code": 500, "message": "vector::_M_range_check: __n (which is 7) >= this->size() '
+             b'(which is 7) at /home/runner/llama.cpp/common/common.cpp:1424", "type": "server_error"}}')
+
+
+@pytest.mark.parametrize("status", [400, 422, 500, 503])
+def test_a_backends_own_error_is_replaced_by_a_safe_one_and_its_body_logged(status, caplog):
+    st = state("plain", status)
+    st.served, st.response_details = "127.0.0.1:9", "via_upstream"  # the upstream answered
+    assert headers_reply(st) is None  # the body is read, to be logged
+    with caplog.at_level("WARNING", logger="extproc.stages.decode_response"):
+        out = decode(st, LLAMA_500)
+    assert isinstance(out, Reject) and out.status == status
+    text = repr(out)  # everything the client's body is rendered from
+    assert "common.cpp" not in text and "llama.cpp" not in text and "_M_range_check" not in text
+    assert out.code == "backend_error" and "rid" in out.message and "llm" in out.message
+    assert any("common.cpp" in r.getMessage() and "rid" in r.getMessage() for r in caplog.records)
+
+
+def test_envoys_own_replies_and_redirects_still_pass_through():
+    for status, details in ((503, "upstream_reset_before_response_started{connection_failure}"),
+                            (504, "response_timeout"), (503, "no_healthy_upstream")):
+        st = state("plain", status)
+        st.served, st.response_details = "127.0.0.1:9", details  # Envoy answered (the address was tried)
+        assert headers_reply(st) == Mutate(skip_body=True)
+    redirect = state("plain", 302)
+    redirect.served, redirect.response_details = "127.0.0.1:9", "via_upstream"
+    assert headers_reply(redirect) == Mutate(skip_body=True)
+
+
+def test_without_code_details_an_upstream_address_means_the_backend_answered():
+    st = state("plain", 500)
+    st.served = "127.0.0.1:9"
+    assert headers_reply(st) is None
+    bare = state("plain", 503)
+    assert headers_reply(bare) == Mutate(skip_body=True)
