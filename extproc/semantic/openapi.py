@@ -582,7 +582,7 @@ class _Checker:
                         self.check_schema(p["schema"], f"{pptr}/schema")
                 else:
                     t = p.get("type")
-                    if t not in _SCHEMA_TYPES_2 - {"object", "null"}:
+                    if not isinstance(t, str) or t not in _SCHEMA_TYPES_2 - {"object", "null"}:  # (unhashable)
                         self.add(f"{pptr}/type", f"parameter type must be one of string, number, integer, "
                                  f"boolean, array, file, not {t!r}")
                     if "items" in p:

@@ -474,8 +474,8 @@ class _Builder:
                     raise _Skip(f"parameter {name!r} is a file upload (#{pptr}); not supported")
                 fmt = p.get("collectionFormat", "csv")
                 if p.get("type") == "array":
-                    if fmt not in _COLLECTION_FORMATS or (fmt == "multi" and loc != "query") or (
-                            fmt in ("ssv", "pipes") and loc != "query"):
+                    if not isinstance(fmt, str) or fmt not in _COLLECTION_FORMATS or (  # (unhashable)
+                            fmt == "multi" and loc != "query") or (fmt in ("ssv", "pipes") and loc != "query"):
                         raise _Skip(f"parameter {name!r} uses collectionFormat {fmt!r} in {loc} (#{pptr}); "
                                     "not supported")
                     style, explode = _COLLECTION_FORMATS[fmt]
@@ -487,7 +487,7 @@ class _Builder:
                 schema_ptr = pptr
             else:
                 style = p.get("style", _DEFAULT_STYLE[loc])
-                if style not in _STYLES[loc]:
+                if not isinstance(style, str) or style not in _STYLES[loc]:  # a list or mapping is not hashable
                     raise _Skip(f"parameter {name!r} uses style {style!r} in {loc} (#{pptr}); not supported")
                 explode = p.get("explode", style == "form")
                 allow_reserved = p.get("allowReserved") is True

@@ -100,6 +100,9 @@ BAD = [
      "/paths/~1a/get/parameters/0/in", "parameter 'in' must be one of cookie, header, path, query, not an array"),
     ("type-mapping", doc_with(components={"schemas": {"A": {"type": {"$ref": "#"}}}}),
      "/components/schemas/A/type", "schema type must be a string, not an object"),
+    ("swagger2-param-type-mapping", {"swagger": "2.0", "info": {"title": "t", "version": "1"}, "paths": {"/a": {"get": {
+        "parameters": [{"name": "x", "in": "query", "type": {"a": 1}}], "responses": {"200": {"description": "ok"}}}}}},
+     "/paths/~1a/get/parameters/0/type", "parameter type must be one of string"),
 ]
 
 

@@ -251,6 +251,8 @@ def test_json_like_media_types_are_accepted():
                      {"name": "x", "in": "header", "style": "form", "schema": {}}]}, "style 'form' in header"),
     ({"parameters": [{"name": "q", "in": "query", "content": {"text/plain": {}}}]}, "only JSON is supported"),
     ({"requestBody": body({"$ref": "https://example.com/s.json"})}, "URLs are not followed"),
+    # found by tests/fuzz/test_fuzz_openapi.py: a style that is a list raised TypeError (unhashable)
+    ({"parameters": [{"name": "q", "in": "query", "style": ["form"], "schema": {}}]}, "style ['form'] in query"),
 ])
 def test_unsupported_operations_are_skipped_with_a_reason(op, reason):
     ts = tools_of({"/p": {"post": {**op, "responses": OK}, "get": {"responses": OK}}})
@@ -267,6 +269,15 @@ def test_optional_empty_non_json_body_is_not_sent():
     assert "is not sent" in ts.warnings[0].message
     with_fields = {"content": {"application/x-www-form-urlencoded": {"schema": {"properties": {"a": {}}}}}}
     assert tools_of({"/p": {"post": {"requestBody": with_fields, "responses": OK}}}).skipped
+
+
+def test_swagger2_collection_format_that_is_not_a_string_is_skipped():
+    """Found by tests/fuzz/test_fuzz_openapi.py: a mapping as collectionFormat raised TypeError (unhashable)."""
+    s = parse_spec({"swagger": "2.0", "info": {"title": "t", "version": "1"}, "paths": {"/p": {
+        "get": {"parameters": [{"name": "ids", "in": "query", "type": "array", "items": {"type": "integer"},
+                                "collectionFormat": {"a": 1}}], "responses": OK}}}})
+    ts = build_tools(s)
+    assert ts.tools == () and "collectionFormat {'a': 1} in query" in ts.skipped[0].reason
 
 
 def test_swagger2_form_data_and_collection_formats():
