@@ -317,11 +317,13 @@ def _pick_json_media(content: dict) -> str | None:
 def _server_url(spec: Spec, op: dict, item: dict) -> str | None:
     if spec.version == "2.0":
         doc = spec.doc
-        base = doc.get("basePath") or ""
+        base = doc.get("basePath")
+        base = base if isinstance(base, str) else ""
         host = doc.get("host")
-        if host:
-            schemes = doc.get("schemes") or ["https"]
-            return f"{schemes[0]}://{host}{base}"
+        if host and isinstance(host, str):
+            schemes = doc.get("schemes")  # a list of strings; anything else (a mapping: KeyError 0) is https
+            scheme = schemes[0] if isinstance(schemes, list) and schemes and isinstance(schemes[0], str) else "https"
+            return f"{scheme}://{host}{base}"
         return base or None
     for holder in (op, item, spec.doc):
         servers = holder.get("servers")

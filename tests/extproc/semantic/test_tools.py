@@ -280,6 +280,15 @@ def test_swagger2_collection_format_that_is_not_a_string_is_skipped():
     assert ts.tools == () and "collectionFormat {'a': 1} in query" in ts.skipped[0].reason
 
 
+def test_swagger2_schemes_host_and_base_path_of_the_wrong_type():
+    """Found by tests/fuzz/test_fuzz_openapi.py: `schemes` as a mapping raised KeyError 0 in build_tools."""
+    for extra, url in (({"host": "h", "schemes": {"a": 1}}, "https://h/v1"), ({"host": "h", "schemes": [7]}, "https://h/v1"),
+                       ({"host": ["h"], "schemes": ["http"]}, "/v1"), ({"host": "h", "basePath": 5}, "https://h")):
+        doc = {"swagger": "2.0", "info": {"title": "t", "version": "1"}, "basePath": "/v1",
+               "paths": {"/p": {"get": {"responses": OK}}}, **extra}
+        assert build_tools(parse_spec(doc)).tools[0].server_url == url, extra
+
+
 def test_swagger2_form_data_and_collection_formats():
     s = parse_spec({"swagger": "2.0", "info": {"title": "t", "version": "1"}, "paths": {"/p": {
         "post": {"parameters": [{"name": "f", "in": "formData", "type": "string"}], "responses": OK},
