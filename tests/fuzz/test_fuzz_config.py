@@ -54,6 +54,8 @@ def seeds() -> tuple[tuple[str, object], ...]:
     return tuple(out)
 
 
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's: the same text, 8x faster
+
 # --- strategies ---------------------------------------------------------------------------------------
 
 scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.sampled_from(
@@ -175,7 +177,7 @@ def config_cases(draw) -> ConfigCase:
         doc = draw(mutate_doc(doc))
     if draw(st.booleans()):
         return ConfigCase(json.dumps(doc, ensure_ascii=draw(st.booleans())))
-    return ConfigCase(yaml.safe_dump(doc, allow_unicode=True, sort_keys=False))
+    return ConfigCase(yaml.dump(doc, Dumper=_DUMPER, allow_unicode=True, sort_keys=False))
 
 
 CASES = config_cases()
