@@ -12,11 +12,12 @@ is saved to a file. Not part of the suite.
     .venv/bin/python perf/fuzz.py                        # 1,000,000 cases over the 4 targets, one slice
     .venv/bin/python perf/fuzz.py --slice 3/20           # the 3rd of 20 slices (50,000 cases)
     .venv/bin/python perf/fuzz.py --slice 1-4/20         # slices 1 to 4, one after the other
-    .venv/bin/python perf/fuzz.py --target stream --cases 10000
+    .venv/bin/python perf/fuzz.py --target stream --cases 40000   # stream's quarter: 10,000 cases
     .venv/bin/python perf/fuzz.py --quick                # 1,000 cases per target, prints only
     .venv/bin/python perf/fuzz.py --slice 1/20 --report  # no run: a RESULTS.md section of every stored slice
 
-Cases: `--cases` is the total over the targets run (split evenly), and a slice runs its 1/M share.
+Cases: `--cases` is the total over the four targets (a quarter each; `--target` runs only some of
+them), and a slice runs its 1/M share.
 Recorded per target and slice (`--out`, default perf/results/fuzz.json; slices of the same M
 merge into it under a lock, so parallel runs and CI jobs can each run some): cases run, crashes (kind, count, the minimal example's
 file under perf/results/fuzz-crashes/), hangs (cases over the per-case limit, `CASE_LIMIT_S` = 10
@@ -244,7 +245,7 @@ def load_slices(out: Path, m: int, cases: int) -> dict:
     except (OSError, ValueError):
         return {}
     if stored.get("slices_of") != m or stored.get("cases_requested") != cases:
-        return {}  # another slicing: a new report
+        return {}  # another slicing: a new report (the old one is kept beside it, see `store`)
     return stored.get("slices", {})
 
 
@@ -255,6 +256,8 @@ def store(out: Path, m: int, cases: int, k: int, name: str, result: dict, comman
     with open(out.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         slices = load_slices(out, m, cases)
+        if not slices and out.exists():  # another slicing's report: kept, not overwritten
+            out.replace(out.with_name(f"{out.stem}.previous{out.suffix}"))
         slices.setdefault(str(k), {})[name] = result
         slices = dict(sorted(slices.items(), key=lambda kv: int(kv[0])))
         doc = {"cases_requested": cases, "slices_of": m, "machine": cpu(),
@@ -268,7 +271,8 @@ def store(out: Path, m: int, cases: int, k: int, name: str, result: dict, comman
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", type=int, default=1_000_000, help="total cases over the targets run (all slices)")
+    ap.add_argument("--cases", type=int, default=1_000_000,
+                    help="total cases over the four targets and all slices (a quarter each)")
     ap.add_argument("--slice", default="1/1", help="K/M: the K-th of M slices (K may be a range K1-K2)")
     ap.add_argument("--target", action="append", choices=sorted(TARGETS), help="only this target (repeatable)")
     ap.add_argument("--out", default=None, help=f"JSON report (default {DEFAULT_OUT.relative_to(REPO)})")
@@ -280,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     names = args.target or list(TARGETS)
     if args.quick:
-        args.cases = 1000 * len(names)
+        args.cases = 1000 * len(TARGETS)
     ks, m = parse_slices(args.slice)
-    per_target = args.cases // len(names)
+    per_target = args.cases // len(TARGETS)  # --cases is over all four targets; --target runs some of them
     share = [per_target // m + (1 if i < per_target % m else 0) for i in range(m)]  # slice i+1's share
     out = Path(args.out) if args.out else (None if args.quick else DEFAULT_OUT)
     command = "python perf/fuzz.py " + " ".join(argv if argv is not None else sys.argv[1:])
