@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from extproc.config.loader import (ConfigError, config_digest, load_text, parse_text, read_config,
+from extproc.config.loader import (ConfigError, config_digest, load_text, loaded_digest, parse_text, read_config,
                                    referenced_files, relative_to)
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ def publish(root: str | Path, config_path: str | Path, generation: int,
             files[name] = rel
         overrides = _endpoints_json(endpoints)
         rollouts = {n: dict(o) for n, o in (rollouts or {}).items()}
-        digest = override_digest(config_digest(text, data, endpoints), rollouts)
+        digest = override_digest(loaded_digest(config_digest(text, data, endpoints), loaded), rollouts)
         if digest == unchanged:
             shutil.rmtree(staging, ignore_errors=True)
             return None

@@ -85,7 +85,7 @@ def load_text(text: str, filename: str = "<config>", generation: int = 1, *,
             files[name] = resolve(name).read_bytes()
         except OSError:
             files[name] = None  # compile reports it, with file:line
-    digest = config_digest(text, files, endpoints)
+    digest = loaded_digest(config_digest(text, files, endpoints), loaded)
     snap = compile_snapshot(model, smap, generation=generation, digest=digest, resolve=resolve, loaded=tuple(loaded))
     if endpoints:
         unknown = sorted(set(endpoints) - set(snap.backends))
@@ -147,6 +147,14 @@ def config_digest(text: str, files: Mapping[str, bytes | None] | None = None,
         }
         h.update(b"\0" + json.dumps(extra, sort_keys=True, separators=(",", ":")).encode())
     return h.hexdigest()[:16]
+
+
+def loaded_digest(digest: str, loaded: tuple[str, ...] | list[str] = ()) -> str:
+    """The digest with the order of the bundles loaded at run time (their bytes are in `files`; the
+    order decides which version is active, so loading an older version again is a new config)."""
+    if not loaded:
+        return digest
+    return hashlib.sha256(f"{digest}\0loaded\0{json.dumps(list(loaded))}".encode()).hexdigest()[:16]
 
 
 def validate_schema(data: Any, smap: SourceMap) -> AdapterGateway:
