@@ -67,6 +67,7 @@ log = logging.getLogger("extproc.supervisor")
 ACK_TIMEOUT = 10.0  # how long reload() waits for every worker's acknowledgement
 CANARY_RETRY = 5.0  # seconds between attempts to publish a plan's weights while the config file is refused
 LOADED_INDEX = "loaded.json"  # <stateDir>/bundles/: the loaded adapter bundles' file names, oldest first
+MAX_POST_BYTES = 64 << 20  # the admin port's largest request body (a bundle ZIP: canary.bundle.Limits.max_zip_bytes)
 ROLLING_SETTLE = 1.5  # after a replaced worker is ready: Envoy's processor health check (1 s interval) sees it
 _READY = re.compile(r"^ready (\S+) generation=(\d+) digest=([0-9a-f]+)$")
 _LOADED = re.compile(r"^loaded generation=(\d+) digest=([0-9a-f]+)$")
@@ -714,6 +715,11 @@ class Supervisor:
 
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length") or 0)
+                if length > MAX_POST_BYTES:  # a bundle ZIP is at most canary.bundle.Limits.max_zip_bytes
+                    self._json(413, {"accepted": False, "stage": "verify", "problems": [
+                        f"bundle: size: {length} bytes, more than {MAX_POST_BYTES}"]})
+                    self.close_connection = True
+                    return
                 body = self.rfile.read(length) if length else b""
                 path = self.path.split("?")[0]
                 if path.startswith("/canary/"):

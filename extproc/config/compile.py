@@ -179,7 +179,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
     arm_bundles: dict[str, dict[str, str]] = {}  # rollout -> arm -> bundle ref
     rollouts = _compile_rollouts(spec.rollouts, routes, {i: r.name or route_name_from_path(r.path)
                                                          for i, r in enumerate(spec.routes)}, issue,
-                                 bundles, arm_bundles)
+                                 bundles, arm_bundles, jwt=spec.tenancy.source == "jwt")
     for ref in rollouts.values():
         for name in ref.routes:
             rt = routes[name]
@@ -220,13 +220,15 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
 
 def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, str], issue: Any,
                       bundles: Mapping[str, Any] | None = None,
-                      arm_bundles: dict[str, dict[str, str]] | None = None) -> dict[str, RolloutRef]:
+                      arm_bundles: dict[str, dict[str, str]] | None = None,
+                      jwt: bool = False) -> dict[str, RolloutRef]:
     """`spec.rollouts`: each names its routes (declared and accepted), its arms (the first is the
     baseline; every arm's backend a target of each route; weights in percent, canaries adding up to
     at most 100, the baseline the rest) and its key policy (header sources only from trusted headers,
-    as `canary.assign.KeyPolicy.untrusted()` finds them; no JWT claims yet: the processor does not receive
-    the verified payload). A route has at most one rollout. Refused rollouts are left out, reported."""
-    from canary.assign import (BUCKETS, Arm, KeyPolicy, Rollout, RolloutError, TenantKey, TrustedHeader,
+    as `canary.assign.KeyPolicy.untrusted()` finds them; JWT claims only with `spec.tenancy.source: jwt`,
+    whose jwt_authn verifies the token and forwards its payload to the processor). A route has at most
+    one rollout. Refused rollouts are left out, reported."""
+    from canary.assign import (BUCKETS, Arm, JwtClaim, KeyPolicy, Rollout, RolloutError, TenantKey, TrustedHeader,
                                untrusted_reason)
 
     out: dict[str, RolloutRef] = {}
@@ -325,17 +327,25 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
             ok = False
         key = ro.key
         sources: list[Any] = []
-        source_at: list[int] = []  # each compiled source's index in key.sources (claims are left out)
+        source_at: list[int] = []  # each compiled source's index in key.sources
         for k, src in enumerate(key.sources):
             where = base + ("key", "sources", k)
             if src.claim is not None:
-                issue(where + ("claim",), "JWT claims are not available to the processor yet (Envoy's jwt_authn "
-                      "passes only spec.tenancy's claim, as a header): have the edge set a header from the claim "
-                      "and list it in trustedHeaders, or use {tenant: true}")
-                ok = False
+                if not jwt:
+                    issue(where + ("claim",), "a JWT claim is a key only where Envoy verifies the token: set "
+                          "spec.tenancy.source: jwt (its jwt_authn forwards the verified payload to the "
+                          "processor), or key on a trusted header or {tenant: true}")
+                    ok = False
+                    continue
+                try:
+                    sources.append(JwtClaim(src.claim))
+                except RolloutError as e:
+                    issue(where + ("claim",), e.reason)
+                    ok = False
+                    continue
             else:
                 sources.append(TrustedHeader(src.header) if src.header is not None else TenantKey())
-                source_at.append(k)
+            source_at.append(k)
         force = TrustedHeader(key.force.header) if key.force is not None else None
         if force is not None and force.header not in key.trusted_headers:
             issue(base + ("key", "force", "header"), f"header {force.header!r} is not in key.trustedHeaders: a client "
@@ -451,7 +461,8 @@ def _compile_bundles(specs: Any, loaded: tuple[str, ...], issues: "_Issues") -> 
         entry = policy.get(name)
         if entry is None:
             issue(("spec", "bundles"), f"loaded bundle {path_name} is named {name!r}, which spec.bundles does not "
-                  f"declare (add {{name: {name}}}, with publicKey to require its signature)")
+                  f"declare (add {{name: {name}}}, with publicKey to require its signature; or drop it from "
+                  f"bundles/loaded.json in the state directory)")
             continue
         b = one(path_name, ("spec", "bundles"), entry, True)
         if b is None:

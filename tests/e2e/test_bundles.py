@@ -3,7 +3,8 @@ simulator (issue 11 item 3):
 
 - `adapterctl bundle load` of a bundle that passes its sandboxed preload changes a route's mapping
   (the transform's constant `v`) while a small load runs, with no failed request; a bundle whose golden
-  case fails is refused and changes nothing: the requests still see the old mapping.
+  case fails is refused and changes nothing: the requests still see the old mapping; a newer version
+  and then the first one again (loaded anew: the way back) follow, still with no failed request.
 - A rollout whose arms are two versions of one bundle splits by the sticky key: each user always gets
   the arm its hash says, the arm's mapping and `x-adapter-variant: <rollout>/<arm>`.
 - `adapterctl restart --rolling` replaces both workers under load with 0 failed requests.
@@ -109,11 +110,20 @@ def test_a_loaded_bundle_changes_the_mapping_under_load_and_a_refused_one_change
         assert code == 1 and "failed at response" in err and '+  "v": "two"' in err
         assert st.supervisor.snapshot.generation == generation
         assert v(st)[0] == "one"
+        refused_at = len(load.versions)
+        # a newer version, then back to the first by loading it again (there is no unload)
+        for bundle, want in ((make_bundle(tmp_path, "3", tag="three"), "three"), (tmp_path / "summ-1.zip", "one")):
+            code = main(["bundle", "load", str(bundle), "--admin", admin])
+            assert code == 0, capsys.readouterr().err
+            assert v(st)[0] == want
+        assert st.supervisor.snapshot.generation == generation + 2
     finally:
         load.stop()
+    print(f"bundle loads under load: {dict(load.codes)}")
     assert dict(load.codes) == {200: sum(load.codes.values())}, load.codes  # 0 failed requests
     seen = load.versions
-    assert set(seen) <= {"file", "one"} and "one" in seen  # the old mapping, then the loaded one; never the refused
+    assert set(seen[:refused_at]) <= {"file", "one"} and "one" in seen  # never the refused mapping
+    assert "two" not in seen and "three" in seen
 
 
 def test_bundle_arms_split_by_the_sticky_key_and_a_rolling_restart_fails_no_request(tmp_path, stack_factory, capsys):
@@ -138,5 +148,6 @@ def test_bundle_arms_split_by_the_sticky_key_and_a_rolling_restart_fails_no_requ
         assert not set(st.supervisor.pids) & set(pids)
     finally:
         load.stop()
+    print(f"rolling restart under load: {dict(load.codes)}; {out.strip()}")
     assert dict(load.codes) == {200: sum(load.codes.values())}, load.codes  # 0 failed requests
     assert sum(load.codes.values()) > 0 and set(load.versions) == {"s1", "s2"}
