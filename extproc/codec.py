@@ -46,11 +46,36 @@ def decode(req: Any) -> HttpMessage:
     attributes = _attributes(req) if len(req.attributes) else None
     if phase is Phase.REQUEST_HEADERS or phase is Phase.RESPONSE_HEADERS:
         headers = {h.key: h.raw_value.decode("utf-8", "replace") for h in part.headers.headers}
-        return HttpMessage(phase, headers=headers, end_of_stream=part.end_of_stream, attributes=attributes)
+        claims = _claims(req) if phase is Phase.REQUEST_HEADERS and req.HasField("metadata_context") else None
+        return HttpMessage(phase, headers=headers, end_of_stream=part.end_of_stream, attributes=attributes,
+                           claims=claims)
     if phase is Phase.REQUEST_BODY or phase is Phase.RESPONSE_BODY:
         return HttpMessage(phase, body=part.body, end_of_stream=part.end_of_stream, attributes=attributes)
     trailers = {h.key: h.raw_value.decode("utf-8", "replace") for h in part.trailers.headers}
     return HttpMessage(phase, headers=trailers, end_of_stream=True, attributes=attributes)
+
+
+JWT_NAMESPACE = "envoy.filters.http.jwt_authn"  # where jwt_authn's payload_in_metadata puts the payload
+JWT_PAYLOAD_KEY = "jwt_payload"
+
+
+def _claims(req: Any) -> Any:
+    """The verified JWT payload Envoy forwarded in the message's metadata, as the protobuf Struct (read
+    into a dict only by a rollout keyed on a claim: `claims_dict`); None when there is none."""
+    ns = req.metadata_context.filter_metadata.get(JWT_NAMESPACE)
+    if ns is None or JWT_PAYLOAD_KEY not in ns.fields:
+        return None
+    value = ns.fields[JWT_PAYLOAD_KEY]
+    return value.struct_value if value.WhichOneof("kind") == "struct_value" else None
+
+
+def claims_dict(struct: Any) -> dict[str, Any] | None:
+    """A forwarded JWT payload (`HttpMessage.claims`) as plain JSON values."""
+    if struct is None:
+        return None
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(struct)
 
 
 def _attributes(req: Any) -> dict[str, Any]:

@@ -287,6 +287,9 @@ def _jwt_filters(tenancy: Any) -> list[dict[str, Any]]:
         "local_jwks": {"inline_string": jwt.jwks},
         "from_headers": [{"name": jwt.header, "value_prefix": "Bearer "}],
         "claim_to_headers": [{"header_name": tenancy.header, "claim_name": jwt.claim}],
+        # the verified payload as dynamic metadata, which the ext_proc filter forwards to the processor
+        # on configs with a rollout keyed on a claim (envoy.filters.http.jwt_authn / jwt_payload)
+        "payload_in_metadata": "jwt_payload",
     }
     if jwt.audiences:
         provider["audiences"] = list(jwt.audiences)
@@ -473,6 +476,16 @@ def access_loggers(workers: int) -> list[dict[str, Any]]:
     } for i in range(workers)]
 
 
+def _metadata_options(tenancy: Any) -> dict[str, Any]:
+    """What dynamic metadata the ext_proc filter takes from the processor (adapter: our own; envoy.lb: the
+    endpoint pick) and, with JWT tenancy, forwards to it: jwt_authn's verified payload, for rollouts
+    keyed on a claim (always with JWT tenancy, so that adding such a rollout keeps the listener as it is)."""
+    out: dict[str, Any] = {"receiving_namespaces": {"untyped": ["adapter", LB_METADATA_NAMESPACE]}}
+    if tenancy.source == "jwt":
+        out["forwarding_namespaces"] = {"untyped": ["envoy.filters.http.jwt_authn"]}
+    return out
+
+
 def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | None = None) -> dict[str, Any]:
     """The HCM: routes inline, or from RDS when `rds` (a ConfigSource) is given."""
     proc = snap.processor
@@ -512,7 +525,7 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
             # Tool routes set :method (the operation's); the processor is trusted with routing headers.
             "mutation_rules": {"allow_all_routing": True},
             # adapter: our own (worker, processor_reply); envoy.lb: the endpoint pick (override_host)
-            "metadata_options": {"receiving_namespaces": {"untyped": ["adapter", LB_METADATA_NAMESPACE]}},
+            "metadata_options": _metadata_options(tenancy),
             # the endpoint that served, with the response headers (routes that read them learn their
             # request's end from the stream; the others from the access log); code details say whether
             # the answer came from the upstream ("via_upstream") or is Envoy's own (decode-response

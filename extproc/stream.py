@@ -36,7 +36,7 @@ from extproc.errors import reject
 from extproc.genai import GenAiObserver
 from extproc.metrics import Pending, ProcessorMetrics
 from extproc.runtime import Runtime
-from extproc.stages.dispatch import FALLBACK_ATTR, prefilled
+from extproc.stages.dispatch import CLAIMS_ATTR, FALLBACK_ATTR, prefilled
 from extproc.types import HINT_HEADERS, Mutate, Outcome, Phase, Reject, RequestState, Respond
 
 log = logging.getLogger(__name__)
@@ -256,6 +256,8 @@ class ExtProcService:
                             value = msg.headers.get(name)
                             if value is not None:
                                 state.attrs[name] = value
+                        if msg.claims is not None:  # a rollout keys on a verified JWT claim
+                            state.attrs[CLAIMS_ATTR] = msg.claims
                     verdict = await pipeline.run(state, msg)
                     if (phase is last_phase and (msg.end_of_stream or phase is not _RESPONSE_BODY)) or \
                             (phase is _RESPONSE_HEADERS and isinstance(verdict, Mutate) and verdict.skip_body):

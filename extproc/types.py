@@ -57,6 +57,8 @@ class HttpMessage:
     body: bytes = b""
     end_of_stream: bool = False
     attributes: Mapping[str, Any] | None = None  # Envoy attributes, e.g. {"response.code": 200}
+    # the verified JWT payload Envoy's jwt_authn forwarded (request headers; a protobuf Struct: codec.claims_dict)
+    claims: Any = None
 
 
 @dataclass(frozen=True, slots=True)

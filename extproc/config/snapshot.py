@@ -145,6 +145,13 @@ class RolloutRef:
     def arms(self) -> tuple[str, ...]:
         return self.rollout.arm_names  # the baseline first
 
+    @property
+    def uses_claims(self) -> bool:
+        """Whether a key source is a JWT claim (Envoy must forward jwt_authn's payload to the processor)."""
+        from canary.assign import JwtClaim
+
+        return any(isinstance(s, JwtClaim) for s in self.policy.sources)
+
 
 @dataclass(frozen=True, slots=True)
 class BundlePart:

@@ -30,6 +30,7 @@ from typing import Any
 from canary.assign import RequestFacts, decide
 from extproc.config.snapshot import (BACKEND_HEADER, DESTINATION_HEADER, LB_METADATA_NAMESPACE, ROUTE_TARGET_HEADER,
                                      VARIANT_HEADER, VARIANT_METADATA_KEY, VARIANT_METADATA_NAMESPACE)
+from extproc.codec import claims_dict
 from extproc.errors import reject
 from extproc.scheduling import PREFILL_ATTR, NoCapacity
 from extproc.types import HttpMessage, Mutate, Outcome, Reject, RequestState, Verdict
@@ -37,6 +38,7 @@ from extproc.types import HttpMessage, Mutate, Outcome, Reject, RequestState, Ve
 RETRY_AFTER_S = 1  # Retry-After of a sheddable request refused because no endpoint is left
 ASSIGNMENT_ATTR = "canary.assignment"  # state.attrs: the canary.assign.Assignment (arm, how, source, reasons)
 FALLBACK_ATTR = "canary.fallback"  # state.attrs: the arm chosen whose backend did not serve the model
+CLAIMS_ATTR = "jwt.claims"  # state.attrs: the verified JWT payload Envoy forwarded (extproc/codec.py `_claims`)
 
 
 def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None = None) -> Verdict:
@@ -80,13 +82,15 @@ def choose_variant(state: RequestState, ro: Any, candidates: tuple) -> Any:
     """The backend of the arm `canary.assign.decide` chooses for this request (forced by a trusted
     header, else sticky by its key, else weighted random), and `state.variant` = "<rollout>/<arm>".
     The key comes from the headers the stream kept at request headers (`state.attrs`, only the
-    rollout's `headers`) and the tenant admission resolved; no JWT claims (none reach the processor).
+    rollout's `headers`), the verified JWT payload Envoy's jwt_authn forwarded (`CLAIMS_ATTR`, on
+    configs with a rollout keyed on a claim) and the tenant admission resolved.
     When the arm's backend does not serve the request's model, the request goes to `candidates[0]`
     (counted in `adapter_processor_variant_fallbacks_total`) and names the arm of that backend, if one
     is (the baseline first), else no arm."""
     attrs = state.attrs
     headers = {h: attrs[h] for h in ro.headers if h in attrs}
-    a = decide(ro.rollout, ro.policy, RequestFacts(headers, None, state.tenant))
+    claims = claims_dict(attrs.get(CLAIMS_ATTR)) if ro.uses_claims else None
+    a = decide(ro.rollout, ro.policy, RequestFacts(headers, claims, state.tenant))
     attrs[ASSIGNMENT_ATTR] = a
     want = ro.arm_backends[a.arm]
     for b in candidates:

@@ -230,3 +230,20 @@ def test_filter_metadata_gives_scalars_and_lists_of_them_and_none_for_the_rest()
     got = {k: codec.filter_metadata(req, "ns", k) for k in ("s", "n", "b", "l", "st", "nul", "missing")}
     assert got == {"s": "a", "n": 2.0, "b": True, "l": ["x", None, None, None], "st": None, "nul": None, "missing": None}
     assert codec.filter_metadata(req, "other", "s") is None
+
+
+def test_a_forwarded_jwt_payload_is_kept_as_a_struct_and_read_as_json_on_demand():
+    req = pb.ProcessingRequest()
+    req.request_headers.headers.headers.add(key=":path", raw_value=b"/v1/chat/completions")
+    req.metadata_context.filter_metadata["envoy.filters.http.jwt_authn"].update(
+        {"jwt_payload": {"sub": "user-1", "org": {"id": "o-7"}, "exp": 1700000000}})
+    msg = codec.decode(req)
+    assert msg.claims is not None
+    assert codec.claims_dict(msg.claims) == {"sub": "user-1", "org": {"id": "o-7"}, "exp": 1700000000.0}
+    plain = pb.ProcessingRequest()
+    plain.request_headers.headers.headers.add(key=":path", raw_value=b"/")
+    assert codec.decode(plain).claims is None and codec.claims_dict(None) is None
+    other = pb.ProcessingRequest()
+    other.request_headers.SetInParent()
+    other.metadata_context.filter_metadata["envoy.filters.http.jwt_authn"].update({"jwt_payload": "not a struct"})
+    assert codec.decode(other).claims is None

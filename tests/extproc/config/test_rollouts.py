@@ -3,6 +3,8 @@ file, line and field path with its reason (one problem per config, nothing else 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from canary.assign import Arm, KeyPolicy, Rollout, TenantKey, TrustedHeader
@@ -154,7 +156,7 @@ REFUSALS = {
                                "header 'x-canary' is not in key.trustedHeaders: a client could choose it, so it "
                                "would never be honoured"),
     "claim source": (f"{{name: r, route: v1, {ARMS}, key: {{sources: [{{claim: sub}}]}}}}",
-                     "spec.rollouts[0].key.sources[0].claim", "JWT claims are not available to the processor yet"),
+                     "spec.rollouts[0].key.sources[0].claim", "a JWT claim is a key only where Envoy verifies the token"),
     "two kinds in one source": (f"{{name: r, route: v1, {ARMS}, key: {{sources: [{{header: x-u, tenant: true}}], "
                                 "trustedHeaders: [x-u]}}", "spec.rollouts[0].key.sources[0]",
                                 "a key source is exactly one of {header: NAME}, {claim: PATH} or {tenant: true}, "
@@ -194,3 +196,33 @@ def test_a_rollout_of_a_refused_route_adds_no_second_error():
     with pytest.raises(ConfigError) as e:
         load_text(text, "gw.yaml")
     assert [i.path for i in e.value.issues] == ["spec.routes[0].targets[1]"]
+
+
+JWT_TENANCY = ("  tenancy: {source: jwt, jwt: {issuer: 'https://idp.example', jwks: '{\"keys\": []}'}}\n")
+
+
+def test_a_claim_key_compiles_with_jwt_tenancy_and_envoy_forwards_the_payload():
+    from canary.assign import JwtClaim, TrustedHeader
+    from extproc.envoy_render import render
+
+    text = config(f"{{name: r, route: v1, {ARMS}, key: {{sources: [{{claim: org.id}}, {{header: x-user-id}}], "
+                  "trustedHeaders: [x-user-id]}}")
+    snap = load_text(text.replace("  rollouts:\n", JWT_TENANCY + "  rollouts:\n"), "c.yaml")
+    ref = snap.rollouts["r"]
+    assert ref.policy.sources == (JwtClaim("org.id"), TrustedHeader("x-user-id")) and ref.uses_claims
+    boot = json.dumps(render(snap, 1))
+    assert '"payload_in_metadata": "jwt_payload"' in boot
+    assert '"forwarding_namespaces": {"untyped": ["envoy.filters.http.jwt_authn"]}' in boot
+    # without JWT tenancy the same claim source is refused (the processor would get no payload)
+    with pytest.raises(ConfigError) as e:
+        load_text(text, "c.yaml")
+    assert "spec.rollouts[0].key.sources[0].claim" in str(e.value) and "spec.tenancy.source: jwt" in str(e.value)
+    assert "forwarding_namespaces" not in json.dumps(render(load_text(config(f"{{name: r, route: v1, {ARMS}, {KEY}}}"),
+                                                                      "c.yaml"), 1))
+
+
+def test_a_bad_claim_path_is_refused_with_its_field():
+    text = config(f"{{name: r, route: v1, {ARMS}, key: {{sources: [{{claim: 'org..id'}}]}}}}")
+    with pytest.raises(ConfigError) as e:
+        load_text(text.replace("  rollouts:\n", JWT_TENANCY + "  rollouts:\n"), "c.yaml")
+    assert "spec.rollouts[0].key.sources[0].claim" in str(e.value) and "dotted claim path" in str(e.value)
