@@ -4,10 +4,11 @@ What: `build(directory, output, version=..., sign_key=...)` writes a ZIP holding
 the directory, a `manifest.json` and, when signed, `manifest.sig`; `load(zip, public_key=...)` checks it
 and returns the verified contents (a `Bundle`: manifest plus every file's bytes, read once, so what is
 extracted or compiled later is exactly what was hashed); `verify` is `load` without keeping the bytes.
-A bundle is what issue 11 canaries besides a model version: a route's templates, schemas (and, not yet,
-plugin parameters) as one versioned unit. `adapter_contents(bundle)` reads what a route takes from it:
+A bundle is what issue 11 canaries besides a model version: a route's templates, schemas and the
+parameters of its scheduling plugins as one versioned unit. `adapter_contents(bundle)` reads what a route takes from it:
   bundle.yaml    routes: {ROUTE: {request | requestFile, transform | transformFile,
-                                  outputSchema | outputSchemaFile}}   (extproc.config.schema.BundleDocSpec:
+                                  outputSchema | outputSchemaFile, plugins: {PLUGIN: {PARAM: VALUE}}}}
+                 (extproc.config.schema.BundleDocSpec:
                  the route-level fields of a config, strict, errors as `bundle.yaml:LINE`, field, reason;
                  a *File names a file in the bundle)
   golden/*.yaml  (or .json) golden requests the sandboxed preload runs (canary/preload.py) through the
@@ -574,6 +575,7 @@ class RoutePart:
     transform: str | None = None
     output_schema: dict | None = None
     where: dict[str, tuple[str, int]] = field(default_factory=dict)  # field -> (file, first line of the text)
+    plugins: dict[str, dict] = field(default_factory=dict)  # plugin name -> parameters (merged over the declared)
 
 
 @dataclass(frozen=True)
@@ -656,7 +658,8 @@ def adapter_contents(bundle: Bundle) -> AdapterContents:
                         problems.append(Problem(ref, "text", f"is not UTF-8 (byte {e.start})"))
                         continue
                 where[f] = (ref, 1)
-        routes[name] = RoutePart(values.get("request"), values.get("transform"), values.get("output_schema"), where)
+        routes[name] = RoutePart(values.get("request"), values.get("transform"), values.get("output_schema"), where,
+                                 {n: dict(p) for n, p in part.plugins.items()})
     golden = []
     for path in sorted(p for p in bundle.files if p.startswith(GOLDEN_DIR)):
         if not path.endswith((".yaml", ".yml", ".json")):

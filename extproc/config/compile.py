@@ -174,6 +174,11 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
                       "kind: llm or tensor")
                 continue
             route = apply_bundle_part(route, bundles[ref])
+            if bundles[ref].parts[name].plugins:
+                sched = _bundle_scheduler(route, bundles[ref], plugins, profiles, base + ("bundle",), issue)
+                if sched is False:
+                    continue
+                route = replace(route, picker=sched)
         routes[name] = _with_pipeline(route, build_pipeline, base, issue)
 
     arm_bundles: dict[str, dict[str, str]] = {}  # rollout -> arm -> bundle ref
@@ -271,6 +276,7 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
         seen: dict[str, int] = {}
         canaries: list[Arm] = []
         backends: dict[str, str] = {}
+        arm_endpoints: dict[str, tuple[str, ...]] = {}
         for j, arm in enumerate(ro.arms):
             where = base + ("arms", j)
             if arm.name in seen:
@@ -284,6 +290,13 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
                 if b is None:
                     issue(where + ("bundle",), f"no adapter bundle {arm.bundle!r} (bundles: "
                           f"{', '.join(sorted(bundles or {})) or 'none'}; spec.bundles, or adapterctl bundle load)")
+                    ok = False
+                    continue
+                tuned = [t.name for t in targets if t.name in b.parts and b.parts[t.name].plugins]
+                if tuned:
+                    issue(where + ("bundle",), f"bundle {arm.bundle!r} sets plugin parameters for route(s) "
+                          f"{', '.join(tuned)}: a bundle arm cannot (the route's scheduler picks the endpoint in the "
+                          "dispatch that picks the arm); make it the route's bundle instead")
                     ok = False
                     continue
                 missing = [t.name for t in targets if t.name not in b.parts]
@@ -308,6 +321,12 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
                           f"(targets: {', '.join(served)})")
                     ok = False
             backends[arm.name] = backend
+            if arm.endpoints is not None:
+                chosen = _arm_endpoints(arm, backend, targets, where, issue)
+                if chosen is None:
+                    ok = False
+                else:
+                    arm_endpoints[arm.name] = chosen
             if j == 0:
                 continue
             if arm.weight is None:
@@ -371,8 +390,30 @@ def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, 
             if control is None:
                 continue
         out[ro.name] = RolloutRef(ro.name, rollout, policy, MappingProxyType(backends), headers,
-                                  tuple(t.name for t in targets), control)
+                                  tuple(t.name for t in targets), control, MappingProxyType(arm_endpoints))
     return out
+
+
+def _arm_endpoints(arm: Any, backend: str, targets: list[Route], where: tuple, issue: Any) -> tuple[str, ...] | None:
+    """An endpoint arm's endpoints: its backend's whose labels match `endpoints.matchLabels`; None (and
+    an issue) when none do, or when the backend's endpoints are host names (the processor names the
+    endpoint it sends to, and Envoy only takes IPs it knows: the endpoint-picker protocol)."""
+    b = next((b for t in targets for b in t.backends if b.name == backend), None)
+    if b is None:
+        return None  # reported above: not a target of its routes
+    if not b.pickable:
+        issue(where + ("endpoints",), f"backend {backend!r} has host-name endpoints; an endpoint arm needs IP "
+              "endpoints (the processor names the one to use, which Envoy takes only as an IP)")
+        return None
+    want = arm.endpoints.match_labels
+    chosen = tuple(e for e in b.endpoint_ids
+                   if all((b.endpoint_labels.get(e) or {}).get(k) == v for k, v in want.items()))
+    if not chosen:
+        labels = {e: dict(b.endpoint_labels.get(e) or {}) for e in b.endpoint_ids}
+        issue(where + ("endpoints", "matchLabels"), f"no endpoint of backend {backend!r} has labels {want} "
+              f"(its endpoints' labels: {labels})")
+        return None
+    return chosen
 
 
 def _compile_bundles(specs: Any, loaded: tuple[str, ...], issues: "_Issues") -> tuple[dict[str, Any], dict[str, str]]:
@@ -419,7 +460,8 @@ def _compile_bundles(specs: Any, loaded: tuple[str, ...], issues: "_Issues") -> 
                       "of type object")
                 ok = False
             parts[route] = BundlePart(compiled.get("request"), compiled.get("transform"),
-                                      MappingProxyType(dict(part.output_schema)) if part.output_schema else None)
+                                      MappingProxyType(dict(part.output_schema)) if part.output_schema else None,
+                                      MappingProxyType({n: MappingProxyType(dict(v)) for n, v in part.plugins.items()}))
         if not ok:
             return None
         m = b.manifest
@@ -493,6 +535,54 @@ def _route_bundle(ref: str | None, route: str, base: tuple, bundles: Mapping[str
               f"{', '.join(bundles[chosen].parts)})")
         return False
     return chosen
+
+
+def _bundle_scheduler(route: Route, bundle: Any, plugins: dict[str, PluginRef], profiles: dict[str, ProfileRef],
+                      where: tuple, issue: Any) -> Any:
+    """The route's scheduler with the bundle's plugin parameters: each named plugin (one the route's
+    picker or profile uses) becomes its own instance `<plugin>@<bundle ref>` with the declared parameters
+    and the bundle's merged over them, validated against its type; a profile using one becomes
+    `<profile>@<bundle ref>` (registered in `profiles`, a standalone picker in `plugins`, so every worker
+    keeps one instance of each). False, reported, when refused."""
+    from pydantic import ValidationError
+
+    from extproc.scheduling import plugin_types
+
+    overrides = bundle.parts[route.name].plugins
+    sched = route.picker
+    refs = sched.refs if isinstance(sched, ProfileRef) else ((sched,) if sched is not None else ())
+    used = {r.name: r for r in refs}
+    prefix = f"bundle {bundle.source}: bundle.yaml: routes.{route.name}.plugins"
+    ok = True
+    tuned: dict[str, PluginRef] = {}
+    for name, params in overrides.items():
+        ref = used.get(name)
+        if ref is None:
+            issue(where, f"{prefix}.{name}: the route's scheduler uses no plugin {name!r} (it uses: "
+                  f"{', '.join(used) or 'none: the route names no plugin'})")
+            ok = False
+            continue
+        cls = plugin_types()[ref.type]
+        merged = {**ref.params.model_dump(by_alias=True, exclude_unset=True), **params}
+        try:
+            tuned[name] = PluginRef(f"{name}@{bundle.ref}", ref.type, ref.slot, cls.Parameters.model_validate(merged))
+        except ValidationError as e:
+            for err in e.errors(include_url=False):
+                loc = ".".join(str(x) for x in err["loc"])
+                msg = "unknown parameter" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+                issue(where, f"{prefix}.{name}.{loc}: {msg}")
+            ok = False
+    if not ok:
+        return False
+    if isinstance(sched, PluginRef):
+        plugins[tuned[sched.name].name] = tuned[sched.name]
+        return tuned[sched.name]
+    swap = lambda r: tuned.get(r.name, r)  # noqa: E731
+    new = ProfileRef(f"{sched.name}@{bundle.ref}", tuple(swap(f) for f in sched.filters),
+                     tuple((swap(r), w) for r, w in sched.scorers), swap(sched.picker), explain=sched.explain,
+                     implicit=sched.implicit)
+    profiles[new.name] = new
+    return new
 
 
 def apply_bundle_part(route: Route, bundle: Any) -> Route:

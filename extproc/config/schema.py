@@ -220,13 +220,17 @@ class RouteSpec(_Model):
 class BundleRouteSpec(_Model):
     """One route's part of an adapter bundle (`bundle.yaml` in the ZIP, `canary/bundle.py`): the
     route-level fields of a config, versioned. Each template is inline text or a file in the bundle
-    (`requestFile`, `transformFile`); `outputSchema` is inline or `outputSchemaFile` (JSON)."""
+    (`requestFile`, `transformFile`); `outputSchema` is inline or `outputSchemaFile` (JSON); `plugins`
+    the parameters of the route's scheduling plugins."""
     request: str | None = None
     request_file: Annotated[str, Field(min_length=1)] | None = None
     transform: str | None = None
     transform_file: Annotated[str, Field(min_length=1)] | None = None
     output_schema: dict[str, Any] | None = None
     output_schema_file: Annotated[str, Field(min_length=1)] | None = None
+    # parameters of plugins the route's scheduler uses (its picker, or its profile's filters, scorers and
+    # picker), by plugin name: merged over the declared ones, validated against the plugin type
+    plugins: dict[Annotated[str, Field(pattern=DNS_LABEL)], dict[str, Any]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_each(self) -> "BundleRouteSpec":
@@ -342,17 +346,28 @@ Percent = Annotated[float, BeforeValidator(parse_percent)]
 HeaderName = Annotated[str, Field(pattern=r"^[a-z0-9-]+$")]  # lower-case, as Envoy passes header names
 
 
+class ArmEndpoints(_Model):
+    """An endpoint arm's endpoints: those of its backend whose labels match (the Kubernetes rule)."""
+    match_labels: dict[str, str] = Field(alias="matchLabels", min_length=1)
+
+
 class RolloutArmSpec(_Model):
     """One arm of a rollout and its share in percent: a backend that serves its requests (one of the
-    route's targets), or an adapter bundle version whose templates its requests use (`bundle:
-    NAME@VERSION`, from spec.bundles; the route's own backend serves them)."""
+    route's targets), optionally only those of its endpoints whose labels match (`endpoints:
+    {matchLabels: {...}}`: an endpoint variant, such as the nodes running a new model version or LoRA
+    adapter), or an adapter bundle version whose templates its requests use (`bundle: NAME@VERSION`,
+    from spec.bundles; the route's own backend serves them)."""
     name: Annotated[str, Field(pattern=DNS_LABEL)]
     backend: Annotated[str, Field(min_length=1)] | None = None  # one of the route's targets
+    endpoints: ArmEndpoints | None = None  # with backend: only its endpoints with these labels
     bundle: Annotated[str, Field(pattern=BUNDLE_REF)] | None = None  # or a bundle: NAME@VERSION
     weight: Percent | None = None  # the baseline (first arm): default the rest; canaries: required
 
     @model_validator(mode="after")
     def _one_kind(self) -> "RolloutArmSpec":
+        if self.endpoints is not None and self.backend is None:
+            raise FieldError("endpoints", "an endpoint arm names its backend too (backend: NAME, endpoints: "
+                             "{matchLabels: ...}): the endpoints are that backend's")
         if (self.backend is None) == (self.bundle is None):
             raise FieldError("backend", "an arm is exactly one of backend: NAME (a route target) or bundle: "
                              "NAME@VERSION (an adapter bundle)" + (", not both" if self.backend else ""))

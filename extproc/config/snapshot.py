@@ -140,6 +140,8 @@ class RolloutRef:
     headers: tuple[str, ...] = ()
     routes: tuple[str, ...] = ()  # the routes it splits
     control: Any = None  # canary.control.ControlConfig: its `plan:` block (None: manual weights)
+    # endpoint arms: arm -> the ids ("ip:port") of its backend's endpoints it may use (others: the backend's all)
+    arm_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -161,6 +163,7 @@ class BundlePart:
     request: Any = None  # extproc.template.Template | None
     transform: Any = None
     output_schema: Mapping[str, Any] | None = None
+    plugins: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)  # plugin -> parameters
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,3 +154,71 @@ def test_a_loaded_bundle_needs_its_name_declared_and_takes_that_entrys_key(tmp_p
 
 def test_the_transform_helper_is_what_the_bundle_holds():
     assert transform("one") == '{"summary": $.output.text, "v": "one"}'
+
+
+PLUGINS = """\
+  plugins:
+    - {name: prefix, type: prefix-cache-scorer, parameters: {blockSize: 64}}
+    - {name: pin, type: pinned-endpoint, parameters: {endpoint: "127.0.0.1:9001"}}
+  schedulingProfiles:
+    - {name: prof, plugins: [{pluginRef: prefix}]}
+"""
+
+
+def plugin_cfg(tmp_path, route_plugins: str, bundle: str = "    - {path: summ-1.zip}", tail: str = "") -> str:
+    text = cfg(tmp_path, bundle, route=f", plugins: [{route_plugins}]") + PLUGINS + tail
+    return text
+
+
+def test_a_bundle_sets_the_parameters_of_the_routes_plugins_as_instances_of_its_own(tmp_path):
+    make_bundle(tmp_path, "1", doc="routes:\n  summarize:\n    transform: '{\"s\": $.output.text}'\n"
+                                   "    plugins: {prefix: {maxPrefixBlocksToMatch: 8}}\n")
+    snap = load(tmp_path, plugin_cfg(tmp_path, "prof"))
+    picker = snap.routes["summarize"].picker
+    assert picker.name == "prof@summ@1" and snap.profiles[picker.name] is picker
+    (scorer, weight), = picker.scorers
+    assert scorer.name == "prefix@summ@1" and scorer.params.block_size == 64  # the declared, kept
+    assert scorer.params.max_prefix_blocks_to_match == 8 and weight == 1.0  # the bundle's, merged over
+    assert snap.profiles["prof"].scorers[0][0].params.max_prefix_blocks_to_match != 8  # the declared one unchanged
+    make_bundle(tmp_path, "2", doc="routes:\n  summarize:\n    transform: '{\"s\": $.output.text}'\n"
+                                   "    plugins: {pin: {endpoint: \"127.0.0.1:9001\"}}\n")
+    snap = load(tmp_path, plugin_cfg(tmp_path, "pin", bundle="    - {path: summ-2.zip}"))
+    assert snap.routes["summarize"].picker.name == "pin@summ@2" and "pin@summ@2" in snap.plugins
+
+
+@pytest.mark.parametrize("params, reason", [
+    ("{other: {a: 1}}", "routes.summarize.plugins.other: the route's scheduler uses no plugin 'other' (it uses: prefix"),
+    ("{prefix: {nope: 1}}", "routes.summarize.plugins.prefix.nope: unknown parameter"),
+    ("{prefix: {blockSize: -3}}", "routes.summarize.plugins.prefix.blockSize:"),
+])
+def test_plugin_parameter_refusals_name_the_bundle_route_plugin_and_parameter(tmp_path, params, reason):
+    make_bundle(tmp_path, "1", doc=f"routes:\n  summarize:\n    plugins: {params}\n")
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, plugin_cfg(tmp_path, "prof"))
+    assert any(i.path == "spec.routes[0].bundle" and reason in i.reason for i in e.value.issues), e.value.issues
+
+
+def test_a_bundle_arm_cannot_carry_plugin_parameters(tmp_path):
+    make_bundle(tmp_path, "1", doc="routes:\n  summarize:\n    plugins: {prefix: {blockSize: 32}}\n")
+    make_bundle(tmp_path, "2")
+    with pytest.raises(ConfigError, match="a bundle arm cannot"):
+        load(tmp_path, plugin_cfg(tmp_path, "prof", bundle="    - {path: summ-1.zip}\n    - {path: summ-2.zip}",
+                                  tail="""\
+  rollouts:
+    - {name: ro, route: summarize, arms: [{name: a, bundle: summ@2}, {name: b, bundle: summ@1, weight: 5}]}
+"""))
+
+
+def test_a_worker_runtime_builds_and_keeps_the_bundles_plugin_instances(tmp_path):
+    from extproc.runtime import Runtime
+
+    make_bundle(tmp_path, "1", doc="routes:\n  summarize:\n    plugins: {prefix: {maxPrefixBlocksToMatch: 8}}\n")
+    snap = load(tmp_path, plugin_cfg(tmp_path, "prof"))
+    rt = Runtime()
+    rt.install(snap)
+    prof = rt.plugin(snap.routes["summarize"].picker)
+    (name, inst, _, _), = prof.scorers
+    assert name == "prefix@summ@1" and inst.params.max_prefix_blocks_to_match == 8
+    assert rt.plugin(snap.plugins["prefix"]) is not inst  # the declared plugin is another instance
+    rt.install(load(tmp_path, plugin_cfg(tmp_path, "prof")))  # a reload of the same: the instance is kept
+    assert rt.plugin(snap.routes["summarize"].picker).scorers[0][1] is inst
