@@ -55,16 +55,27 @@ def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None 
         return reject(404, "model_not_found", message, param="model")
     backend = candidates[0]
     metadata: tuple = ()
+    endpoints = None  # an endpoint arm's endpoints (None: all of the backend's)
     if route.rollout is not None:  # the variant slot: the rollout's arm, when its backend serves the model
         backend = choose_variant(state, route.rollout, candidates)
         if state.variant is not None:
             metadata = ((VARIANT_METADATA_NAMESPACE, {VARIANT_METADATA_KEY: state.variant}),)
+            if route.rollout.arm_endpoints:
+                endpoints = route.rollout.arm_endpoints.get(state.variant.partition("/")[2])
     state.backend = backend.name
     state.target = backend
     set_headers = (*headers, (BACKEND_HEADER, backend.name), (ROUTE_TARGET_HEADER, route.name))
-    if route.picker is not None and backend.pickable and state.runtime is not None:
+    if endpoints is not None and (route.picker is None or state.runtime is None):
+        # an endpoint arm without a picker: its endpoints, the least loaded first (the rest as fallbacks)
+        picks = _least_loaded(state, endpoints)
+        value = ",".join(picks)
+        if state.runtime is not None:
+            dispatched(state, picks[0])
+        set_headers += ((DESTINATION_HEADER, value),)
+        metadata += ((LB_METADATA_NAMESPACE, {DESTINATION_HEADER: value}),)
+    elif route.picker is not None and backend.pickable and state.runtime is not None:
         try:
-            picks = state.runtime.plugin(route.picker).pick(state, backend, backend.endpoint_ids)
+            picks = state.runtime.plugin(route.picker).pick(state, backend, endpoints or backend.endpoint_ids)
         except NoCapacity as e:
             refusal = no_capacity(e)
             if state.variant is not None:  # the arm was chosen: the refusal names it (Envoy's route adds
@@ -76,6 +87,14 @@ def dispatch(state: RequestState, *headers: tuple[str, str], body: bytes | None 
             set_headers += ((DESTINATION_HEADER, value),)
             metadata += ((LB_METADATA_NAMESPACE, {DESTINATION_HEADER: value}),)
     return Mutate(set_headers=set_headers, body=body, clear_route_cache=True, dynamic_metadata=metadata)
+
+
+def _least_loaded(state: RequestState, endpoints: tuple[str, ...]) -> tuple[str, ...]:
+    """`endpoints` ordered by gateway-wide in-flight requests, fewest first (ties: in config order)."""
+    if state.runtime is None or len(endpoints) < 2:
+        return endpoints
+    counts = state.runtime.inflight.counts(endpoints)
+    return tuple(sorted(endpoints, key=counts.__getitem__))
 
 
 def choose_variant(state: RequestState, ro: Any, candidates: tuple) -> Any:
