@@ -298,7 +298,12 @@ def test_a_backend_endpoint_killed_or_stopped_beside_a_live_one_fails_nothing(tm
     st = start_stack(stack_factory, cfg)
     report = endpoint_kill(st, sims[0].proc, seconds=6, kill_at=2, sig=sig)
     print(f"\nbackend endpoint {sig.name} under load: {report.summary()}")
-    assert report.failed == 0, report.summary() + "\n" + "\n".join(report.samples)
+    # A response the endpoint had begun to send when it died cannot be retried (Envoy has passed its
+    # headers on): 503 upstream_reset_after_response_started. Seen about once in six runs with
+    # SIGKILL (the simulator answers in microseconds); every other request must succeed.
+    started = sum(n for (_p, _s, c), n in report.by_code.items() if "reset_after_response_started" in c)
+    assert report.failed == started and (started == 0 or sig == signal.SIGKILL) and started <= 2, \
+        report.summary() + "\n" + "\n".join(report.samples)
     stats = envoy_stats(st)
     assert stats.get("cluster.llm.upstream_rq_retry", 0) > 0  # it took retries, on the other host
     assert sims[1].served() > 0
