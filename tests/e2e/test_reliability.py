@@ -7,7 +7,8 @@ tests/e2e/loadgen.py (8 HTTP/2 connections with 4 streams each, like `h2load -c 
   ext_proc stream's retry policy moves the others, and every new one, to a live worker); routes
   with `failureMode: open` lose nothing; the supervisor restarts the worker and it serves again.
 - A backend endpoint killed under load while a second one of the same backend lives: no failure
-  (retries on another host, with and without the processor's endpoint pick).
+  (retries on another host, with and without the processor's endpoint pick), but for a response
+  the endpoint had begun to send (Envoy cannot retry it; rare with the simulator's instant answers).
 - Backends closing idle and old connections (the simulator's hypercorn: 5 s keep-alive, 1000
   requests per connection): no failure, and Envoy's stats show Envoy closed them first.
 - Reloads under load with every kind of change (routes added, removed and changed; backends and
