@@ -726,7 +726,13 @@ class Supervisor:
                     self._canary_action(path, body)
                     return
                 if path == "/bundles":
-                    doc = sup.load_adapter_bundle(body)
+                    try:
+                        doc = sup.load_adapter_bundle(body)
+                    except OSError as e:  # the state directory is not writable, the disk is full, ...
+                        log.error("adapter bundle load failed: %s", e)
+                        self._json(500, {"accepted": False, "stage": "keep", "generation": sup.snapshot.generation,
+                                         "problems": [f"{sup.loaded_dir}: cannot keep the bundle: {e}"]})
+                        return
                     self._json(200 if doc["accepted"] else 422, doc)
                     return
                 if path == "/restart":
