@@ -316,14 +316,16 @@ class Supervisor:
                 os.replace(incoming, final)
                 keep = True
                 before = list(self._loaded)
-                self._loaded = [p for p in before if not os.path.basename(p).startswith(ref + "-")] + [final]
+                after = [p for p in before if not os.path.basename(p).startswith(ref + "-")] + [final]
+                self._write_loaded(after)  # first: a supervisor restarted from here on serves it too
+                self._loaded = after
                 reload = self.reload(reason="bundle")
                 if not reload.accepted:
                     self._loaded = before
+                    self._write_loaded(before)
                     if final not in before:
                         os.unlink(final)
                     return self._refused("publish", reload.errors.splitlines(), ref, result.to_json())
-                self._write_loaded(self._loaded)
                 for p in before:  # an older copy of the same version, replaced
                     if p not in self._loaded:
                         os.unlink(p)

@@ -131,3 +131,19 @@ def test_a_key_in_the_config_refuses_unsigned_and_foreign_bundles(gateway, capsy
 def test_an_unreachable_supervisor_is_exit_4(capsys, tmp_path):
     code, _, err = load(capsys, f"http://127.0.0.1:{free_port()}", make_bundle(tmp_path, "1"))
     assert code == 4 and "unreachable" in err
+
+
+def test_a_config_file_that_no_longer_compiles_refuses_the_load_at_publish(gateway, capsys):
+    tmp, url, start = gateway
+    sup = start()
+    cfg = tmp / "gw.yaml"
+    good = cfg.read_text()
+    cfg.write_text(good.replace("routes:", "routez:"))  # an edit saved, not reloaded: a bundle load publishes it
+    code, _, err = load(capsys, url, make_bundle(tmp, "1", tag="one"))
+    assert code == 1 and ("at preload" in err or "at publish" in err) and "routez" in err, err
+    assert sup.snapshot.generation == 1 and sup.snapshot.bundles == {}
+    assert not (tmp / "state" / "bundles" / "loaded.json").exists() or \
+        json.loads((tmp / "state" / "bundles" / "loaded.json").read_text()) == []
+    cfg.write_text(good)
+    code, _, err = load(capsys, url, make_bundle(tmp, "1", tag="one"))
+    assert code == 0, err
