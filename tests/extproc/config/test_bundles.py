@@ -222,3 +222,18 @@ def test_a_worker_runtime_builds_and_keeps_the_bundles_plugin_instances(tmp_path
     assert rt.plugin(snap.plugins["prefix"]) is not inst  # the declared plugin is another instance
     rt.install(load(tmp_path, plugin_cfg(tmp_path, "prof")))  # a reload of the same: the instance is kept
     assert rt.plugin(snap.routes["summarize"].picker).scorers[0][1] is inst
+
+
+def test_bundle_arms_take_a_step_plan_like_backend_arms(tmp_path):
+    make_bundle(tmp_path, "1")
+    make_bundle(tmp_path, "2", tag="two")
+    snap = load(tmp_path, cfg(tmp_path, "    - {path: summ-1.zip}\n    - {path: summ-2.zip}", tail="""\
+  rollouts:
+    - name: ro
+      route: summarize
+      arms: [{name: v1, bundle: summ@1}, {name: v2, bundle: summ@2, weight: 0}]
+      plan: {steps: [5, 50, 100], minSamples: 100}
+"""))
+    ref = snap.rollouts["ro"]
+    assert ref.control.plan.steps == (5, 50, 100) and ref.arms == ("v1", "v2")
+    assert set(snap.routes["summarize"].variants) == {"v1", "v2"}
