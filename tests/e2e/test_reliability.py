@@ -375,5 +375,11 @@ def test_listener_changes_drain_client_connections_without_failures(tmp_path, ba
     assert report.failed == 0, report.summary() + "\n" + "\n".join(report.samples)
     assert envoy_stats(st)["listener_manager.listener_modified"] == 8
     if h2 is not None:
-        # seen here: 0 in most runs, 1 errored stream in some (not explained yet: see docs/operations.md)
-        assert h2.sent > 0 and h2.failed <= 1, h2.summary()
+        # h2load counts as "errored" a request it could not start on a connection that had its
+        # GOAWAY (0 to 2 per 20 changes here); Envoy never saw those: no client reset, no connection
+        # closed under a request, no 5xx
+        assert h2.sent > 0 and h2.failed <= 2 and set(c for _p, _s, c in h2.by_code) <= {"errored"}, h2.summary()
+        stats = envoy_stats(st)
+        assert stats.get("http.adapter.downstream_rq_rx_reset", 0) == 0
+        assert stats.get("http.adapter.downstream_cx_destroy_remote_active_rq", 0) == 0
+        assert stats.get("http.adapter.downstream_rq_5xx", 0) == 0
