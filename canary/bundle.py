@@ -15,7 +15,8 @@ parameters of its scheduling plugins as one versioned unit. `adapter_contents(bu
                  route's compiled encode-request and decode-response stages, no backend:
                  {route, request: CLIENT JSON, backendRequest?: the expected backend body (subset match:
                  every key given must be equal), output | backendResponse: the model's output document
-                 (wrapped as an OpenAI chat answer) or the backend's raw answer, response: the expected
+                 (wrapped as an OpenAI chat answer: llm routes) or the backend's raw answer (a
+                 tensor route's KServe response), response: the expected
                  client body (exact), status?: expected status (default 200)}
 Loading into a running gateway (verify here, preload in canary/preload.py, publish by the supervisor)
 is `adapterctl bundle load FILE.zip` (canary/cli.py; docs/canary.md).
