@@ -508,6 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
     register_bundle_load(bsub)  # bundle load (a running gateway)
     register_restart(sub)  # restart --rolling
 
+    from extproc.logs_cli import register as register_logs
+
+    register_logs(sub)  # logs
+
     from extproc.semantic.cli import register
 
     register(sub)  # tools, align

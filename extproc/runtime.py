@@ -46,6 +46,7 @@ from canary.feed import FeedObserver, FeedWriter
 from extproc.config.snapshot import ProfileRef
 from extproc.datalayer.inflight import InflightTable
 from extproc.lifecycle import Lifecycle
+from extproc.requestlog import RequestLog
 from extproc.scheduling.signals import EngineSignals, scrape_targets
 from extproc.stages.dispatch import release
 
@@ -62,6 +63,10 @@ class Runtime:
         # record its canary controller reads; without one nobody would read it: no observer
         self.canary_feed = FeedWriter(state_dir, worker)
         feed = [FeedObserver(self.canary_feed)] if state_dir else []
+        # extproc/requestlog.py: one record per finished request while `adapterctl logs -f` follows
+        self.request_log = RequestLog(state_dir, worker) if state_dir else None
+        if self.request_log is not None:
+            feed.append(self.request_log)
         self.lifecycle = Lifecycle(worker, feedback=feedback, observers=[release, *observers, *feed])  # tokens carry the pid
         self._plugins: dict[tuple[str, str], Any] = {}
         self._params: dict[tuple[str, str], Any] = {}

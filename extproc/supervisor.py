@@ -621,6 +621,7 @@ class Supervisor:
                             for w in self.workers],
                 "reloads": dict(self._reloads),
                 "last_refusal": self._last_refusal,
+                "state_dir": self.feed_dir,  # the workers' shared state (adapterctl logs -f reads it)
             }
 
     # -- stop ------------------------------------------------------------------------------
