@@ -90,3 +90,30 @@ def test_a_request_template_from_the_bundle_is_checked_by_backend_request(tmp_pa
     r = preload(str(cfg), str(bad))
     assert not r.ok and r.golden[0].stage == "backend-request"
     assert '-  "max_tokens": 7' in r.golden[0].diff and '+  "max_tokens": 5' in r.golden[0].diff
+
+
+TENSOR = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: tensor}
+spec:
+  backends:
+    - {name: ort, kind: onnxruntime, endpoints: ["127.0.0.1:9001"], models: [fraud]}
+  routes:
+    - {path: /score, name: score, kind: tensor, target: ort, model: fraud, request: '{"features": [$.features]}'}
+  bundles: [{name: summ}]
+"""
+
+
+def test_a_tensor_routes_golden_case_gives_the_backends_raw_answer(tmp_path):
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(TENSOR)
+    case = {"route": "score", "request": {"features": [1.0, 2.0]},
+            "backendRequest": {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]},
+            "backendResponse": {"model_name": "fraud", "outputs": [{"name": "scores", "datatype": "FP32", "shape": [1, 2],
+                                                                    "data": [0.25, 0.75]}]},
+            "response": {"fraud_probability": 0.75}}
+    zip_ = make_bundle(tmp_path, "1", doc="routes:\n  score:\n    transform: '{\"fraud_probability\": $.output.scores[0][1]}'\n",
+                       golden=False, extra={"golden/score.yaml": json.dumps(case).encode()})
+    r = preload(str(cfg), str(zip_))
+    assert r.ok, r.reason
