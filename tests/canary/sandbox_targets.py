@@ -35,3 +35,12 @@ def connect(payload):
 
 def raises(payload):
     raise ValueError("bad template")
+
+
+def compile_peak(payload):
+    """Compile a config file and answer the process's peak virtual memory (kB), for sizing RLIMIT_AS."""
+    from extproc.config.loader import load_file
+
+    load_file(payload["config"])
+    status = open("/proc/self/status").read()
+    return {"vm_peak_kb": int(status.split("VmPeak:")[1].split()[0])}

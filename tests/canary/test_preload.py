@@ -10,6 +10,7 @@ import pytest
 
 from canary.preload import SandboxLimits, network_prefix, preload, run_sandboxed
 from tests.canary.adapter_bundles import make_bundle
+from tests.conftest import REPO
 
 T = "tests.canary.sandbox_targets:"
 
@@ -123,3 +124,12 @@ def test_a_bundle_the_config_does_not_declare_is_refused_by_its_compile(tmp_path
 def test_a_bundle_over_the_time_limit_is_refused_and_names_the_sandbox(tmp_path, config):
     r = preload(str(config), str(make_bundle(tmp_path, "1")), limits=SandboxLimits(wall_seconds=0.01))
     assert not r.ok and r.sandbox.startswith("timeout:") and "preload sandbox: timeout" in r.reason
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_the_default_limits_hold_the_compile_of_every_example(example):
+    """The address-space limit (1 GiB) is far above what a compile needs (about 60 MB here)."""
+    r = run_sandboxed(T + "compile_peak", {"config": str(REPO / "examples" / example)})
+    assert r.ok, r
+    print(f"{example}: compile peak {r.value['vm_peak_kb'] // 1024} MiB of virtual memory in the sandbox")
+    assert r.value["vm_peak_kb"] * 1024 < SandboxLimits().address_space
