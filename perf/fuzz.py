@@ -37,6 +37,7 @@ import fcntl
 import hashlib
 import importlib
 import json
+import os
 import resource
 import sys
 import time
@@ -253,7 +254,8 @@ def store(out: Path, m: int, cases: int, k: int, name: str, result: dict, comman
     """Merge one target's slice result into `out` under a lock (several runs may share the file:
     parallel slices, CI jobs); returns every slice stored."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".lock"), "w") as lock:
+    lock = os.open(out.parent, os.O_RDONLY)  # the folder is the lock: no lock file left in the tree
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         slices = load_slices(out, m, cases)
         if not slices and out.exists():  # another slicing's report: kept, not overwritten
@@ -266,6 +268,8 @@ def store(out: Path, m: int, cases: int, k: int, name: str, result: dict, comman
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
         tmp.replace(out)
+    finally:
+        os.close(lock)  # releases the lock
     return slices
 
 
