@@ -55,7 +55,8 @@ Run:
     .venv/bin/python perf/bench_canary.py --quick         # 20 trials, 6 h of drift: about a minute here
     .venv/bin/python perf/bench_canary.py --quick --no-write --checks split,aa
 Options: `--trials N` (plan trials per case; default 100, 20 with --quick), `--seed N` (default 1),
-`--judge-every S` (simulated seconds between judgements, default 60),
+`--judge-every S` (simulated seconds between judgements, default 60), `--user-sigma S` (each user's prompts
+scaled by a lognormal(0, S) factor of their own, so requests cluster by user; default 0),
 `--checks` (comma list of split, stickiness, aa, detection, drift; default all), `--out FILE` (JSON;
 default perf/results/canary.json, not written with --no-write unless --out is given), `--no-write`
 (RESULTS.md and the default JSON untouched). It prints each check's numbers and whether its goal was met,
@@ -147,10 +148,11 @@ class ArmModel:
     overhead_sigma: float = 0.3
     engine: LatencyParams = field(default_factory=LatencyParams)
 
-    def sample(self, rng: random.Random) -> tuple[float, float, bool]:
-        """(latency_ms, ttft_ms, error) of one request."""
+    def sample(self, rng: random.Random, prompt_scale: float = 1.0) -> tuple[float, float, bool]:
+        """(latency_ms, ttft_ms, error) of one request (`prompt_scale`: the user's own prompt-length factor)."""
         e = self.engine
-        p = min(32768, max(16, round(rng.lognormvariate(math.log(self.prompt_median), self.prompt_sigma))))
+        p = min(32768, max(16, round(prompt_scale * rng.lognormvariate(math.log(self.prompt_median),
+                                                                        self.prompt_sigma))))
         o = min(2048, max(1, round(rng.lognormvariate(math.log(self.output_median), self.output_sigma))))
         seqs = max(1, round(rng.gauss(self.batch_mean, self.batch_sd)))
         decode_step = e.step_seconds(seqs, 0)
@@ -377,10 +379,17 @@ class Population:
 
     cum: list[float]
     buckets: list[int]
+    scales: list[float] | None = None  # per-user prompt-length factors (None: every user alike)
 
     @classmethod
-    def build(cls, salt: str = ROLLOUT, users: int = USERS) -> Population:
-        return cls(zipf_cum_weights(users), [bucket(salt, f"user-{i}") for i in range(users)])
+    def build(cls, salt: str = ROLLOUT, users: int = USERS, user_sigma: float = 0.0) -> Population:
+        """`user_sigma` > 0: each user's prompts are longer or shorter by a lognormal(0, user_sigma) factor
+        of their own (fixed seed), so a user's requests are alike and requests cluster by user."""
+        scales = None
+        if user_sigma > 0:
+            r = random.Random(0xC1A55)
+            scales = [r.lognormvariate(0.0, user_sigma) for _ in range(users)]
+        return cls(zipf_cum_weights(users), [bucket(salt, f"user-{i}") for i in range(users)], scales)
 
 
 def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmModel = ArmModel(),
@@ -400,7 +409,7 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
     t, next_judge = 0.0, judge_every_s
     served = {"stable": 0, "canary": 0}
     looks, events = 0, []
-    buckets = pop.buckets
+    buckets, scales = pop.buckets, pop.scales
     while True:
         t += rng.expovariate(rate)
         while next_judge <= t:
@@ -429,8 +438,9 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
                 return {"seed": seed, "outcome": "running", "at_s": max_s, "weight_bp": plan.weight_bp,
                         "canary_requests": served["canary"], "requests": served["canary"] + served["stable"],
                         "looks": looks, "failed": [], "events": len(events)}
-        arm = arm_at(rollout, buckets[users.next()])
-        lat, ttft, err = models[arm].sample(rng)
+        u = users.next()
+        arm = arm_at(rollout, buckets[u])
+        lat, ttft, err = models[arm].sample(rng) if scales is None else models[arm].sample(rng, scales[u])
         served[arm] += 1
         seq += 1
         heapq.heappush(pending, (t + lat / 1000.0, seq, arm, lat, ttft, err))
@@ -614,7 +624,8 @@ def drift_check(hours: float, seed: int = 1, *, arms: Any = None, users: int = U
 
 
 def run(checks: Sequence[str], *, trials: int, seed: int, quick: bool, progress: Callable[[str], None] = print,
-        stickiness_impl: str = "canary.assign:assign", judge_every_s: float = JUDGE_EVERY_S) -> dict[str, Any]:
+        stickiness_impl: str = "canary.assign:assign", judge_every_s: float = JUDGE_EVERY_S,
+        user_sigma: float = 0.0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     pop = None
     t0 = time.monotonic()
@@ -629,7 +640,7 @@ def run(checks: Sequence[str], *, trials: int, seed: int, quick: bool, progress:
         out["stickiness"] = stickiness_check(stickiness_impl)
         note("stickiness")
     if "aa" in checks or "detection" in checks:
-        pop = Population.build()
+        pop = Population.build(user_sigma=user_sigma)
     if "aa" in checks:
         out["aa"] = aa_check(trials, seed, pop=pop, judge_every_s=judge_every_s)
         note("aa")
@@ -669,6 +680,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="20 trials per plan case, 6 h of drift, 200 keyless seeds")
     ap.add_argument("--trials", type=int, help="plan trials per case (A/A, TTFT, errors); default 100, 20 with --quick")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--user-sigma", type=float, default=0.0,
+                    help="per-user prompt-length factor lognormal(0, S) in the plan trials (default 0: users alike)")
     ap.add_argument("--judge-every", type=float, default=JUDGE_EVERY_S,
                     help=f"simulated seconds between judgements (default {JUDGE_EVERY_S:g})")
     ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma list of {', '.join(CHECKS)}")
@@ -684,9 +697,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--trials must be >= 1")
     if not args.judge_every > 0:
         ap.error("--judge-every must be > 0")
+    if not args.user_sigma >= 0:
+        ap.error("--user-sigma must be >= 0")
 
     started = time.monotonic()
-    results = run(checks, trials=trials, seed=args.seed, quick=args.quick, judge_every_s=args.judge_every)
+    results = run(checks, trials=trials, seed=args.seed, quick=args.quick, judge_every_s=args.judge_every,
+                  user_sigma=args.user_sigma)
     elapsed = time.monotonic() - started
     argv_list = argv if argv is not None else sys.argv[1:]
     doc = {"schema": SCHEMA, "bench": "canary", "simulated": True, "note": SIMULATED,
@@ -695,7 +711,8 @@ def main(argv: list[str] | None = None) -> int:
            "command": ".venv/bin/python perf/bench_canary.py " + " ".join(argv_list),
            "seed": args.seed, "quick": args.quick, "trials": trials, "elapsed_s": round(elapsed, 1),
            "model": {"arm": ArmModel().params(), "rate_rps": RATE_RPS, "users": USERS, "zipf_s": ZIPF_S,
-                     "zipf_q": ZIPF_Q, "judge_every_s": args.judge_every, "max_trial_s": MAX_TRIAL_S,
+                     "zipf_q": ZIPF_Q, "judge_every_s": args.judge_every,
+                     "user_sigma": args.user_sigma, "max_trial_s": MAX_TRIAL_S,
                      "plan": {"steps": list(PlanConfig().steps), "min_samples": PlanConfig().min_samples,
                               "dwell_s": PlanConfig().dwell_s},
                      "judge": {"alpha": JudgeConfig().alpha, "error_alpha": JudgeConfig().error_alpha,
@@ -729,7 +746,9 @@ def results_text(doc: dict[str, Any]) -> str:
              f"- command: `{doc['command'].strip()}` ({doc['elapsed_s']:g} s); seed {doc['seed']}, {doc['trials']} "
              f"trials per plan case",
              f"- **{SIMULATED}**; Poisson arrivals at {m['rate_rps']:g} requests/s "
-             f"on a simulated clock, {m['users']:,} users with Zipf-Mandelbrot activity 1/(i + {m['zipf_q']:g}); the "
+             f"on a simulated clock, {m['users']:,} users with Zipf-Mandelbrot activity 1/(i + {m['zipf_q']:g})"
+             + (f", each user's prompts scaled by a lognormal(0, {m['user_sigma']:g}) factor of their own (requests "
+                f"cluster by user)" if m.get("user_sigma") else "") + "; the "
              f"controller loop judged every {m['judge_every_s']:g} simulated s; plan, judge and windows at their "
              f"defaults (steps {m['plan']['steps']} %, min_samples {m['plan']['min_samples']}, dwell "
              f"{m['plan']['dwell_s']:g} s; alpha {m['judge']['alpha']:g}, error_alpha {m['judge']['error_alpha']:g}, "

@@ -150,6 +150,18 @@ def test_drift_check_summarises_populations():
     assert d["activity"]["share_sd_from_user_choice_pp"] > 0
 
 
+def test_user_sigma_gives_each_user_a_fixed_prompt_factor_and_zero_changes_nothing():
+    alike = bc.Population.build(users=500)
+    assert alike.scales is None
+    a = bc.Population.build(users=500, user_sigma=0.5)
+    assert a.scales == bc.Population.build(users=500, user_sigma=0.5).scales and len(set(a.scales)) == 500
+    assert a.buckets == alike.buckets
+    import random
+    m = bc.ArmModel()
+    assert m.sample(random.Random(3)) == m.sample(random.Random(3), 1.0)
+    assert m.sample(random.Random(3), 4.0)[1] > m.sample(random.Random(3))[1]  # longer prompts: later first token
+
+
 def test_wilson_interval():
     lo, hi = bc.wilson(0, 100)
     assert lo == 0 and hi == pytest.approx(0.0370, abs=1e-4)
@@ -164,3 +176,5 @@ def test_bad_options_are_refused():
         bc.main(["--trials", "0", "--no-write"])
     with pytest.raises(SystemExit):
         bc.main(["--judge-every", "0", "--no-write"])
+    with pytest.raises(SystemExit):
+        bc.main(["--user-sigma", "-1", "--no-write"])
