@@ -98,14 +98,15 @@ def pretty(rec: dict[str, Any]) -> str:
 
 
 class Tail:
-    """Every worker's log file in `directory`, read from where it was when first seen (`from_end`) or
-    from its start, following rotation (a new inode starts over) and new files."""
+    """Every worker's log file in `directory`: those there at the first poll from their end (`from_end`)
+    or start, files that appear later from their start; rotation (a new inode) starts over."""
 
     def __init__(self, directory: str, from_end: bool = True):
         self.dir = Path(directory)
-        self.from_end = from_end
+        self.from_end = from_end  # for the files there at the first poll; files that appear later: from 0
         self.pos: dict[Path, tuple[int, int]] = {}  # path -> (inode, offset)
         self.buf: dict[Path, bytes] = {}
+        self.polled = False
 
     def poll(self) -> Iterator[dict[str, Any]]:
         for p in sorted(self.dir.glob(LOG_GLOB)):
@@ -114,6 +115,8 @@ class Tail:
             except OSError:
                 continue
             ino, off = self.pos.get(p, (st.st_ino, st.st_size if self.from_end else 0))
+            if p not in self.pos and self.polled:
+                off = 0  # a worker's file that appeared while following: all of it is new
             if ino != st.st_ino or st.st_size < off:  # rotated or replaced: the new file from its start
                 ino, off = st.st_ino, 0
                 self.buf.pop(p, None)
@@ -133,6 +136,7 @@ class Tail:
                         except ValueError:
                             continue
             self.pos[p] = (ino, off)
+        self.polled = True
 
 
 def follow_path(directory: str) -> str:
