@@ -509,8 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
     register_restart(sub)  # restart --rolling
 
     from extproc.logs_cli import register as register_logs
+    from extproc.status_cli import register as register_status
 
     register_logs(sub)  # logs
+    register_status(sub)  # status
 
     from extproc.semantic.cli import register
 

@@ -88,10 +88,12 @@ class _Table:
 
 
 class InflightTable:
-    def __init__(self, directory: str | os.PathLike | None = None, worker: int = 0):
-        self.worker = worker
+    def __init__(self, directory: str | os.PathLike | None = None, worker: int = 0, reader: bool = False):
+        """`reader`: a process that only reads (`adapterctl status`): it creates no file of its own and
+        sums every worker's (its own table is private and stays empty)."""
+        self.worker = -1 if reader else worker
         self.directory = Path(directory) if directory else None
-        self._own = self._open(worker, create=True)
+        self._own = _Table(bytearray(_SIZE), None) if reader else self._open(worker, create=True)
         self._peers: dict[int, _Table] = {}
         self._peer_ids: tuple[int, ...] = ()
         self._listed = 0.0

@@ -301,3 +301,13 @@ def test_loads_on_the_struct_path_equal_the_word_path(monkeypatch):
     t.started(EP, tokens=5, prefill=2)
     t.prefilled(EP, 3)
     assert words == {EP: (1, 7, 3)} and t.loads([EP]) == {EP: (2, 12, 2)} and t.get(EP) == 2
+
+
+def test_a_reader_creates_no_file_and_sums_every_worker(tmp_path):
+    a, b = InflightTable(tmp_path, 0), InflightTable(tmp_path, 1)
+    a.started(EP, tokens=10, prefill=4)
+    b.started(EP, tokens=5)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = InflightTable(tmp_path, reader=True)
+    assert r.loads([EP]) == {EP: (2, 15, 4)} and r.get(EP) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing of its own
