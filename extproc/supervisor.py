@@ -83,12 +83,22 @@ def die_with_parent() -> None:
         pass
 
 
+STABLE_S = 60.0  # a worker that ran this long before exiting is restarted without back-off
+
+
+def restart_delay(crashes: int) -> float:
+    """Seconds before restarting a worker after `crashes` exits in a row: 0.4, 0.8, 1.6, 3.2, then 5."""
+    return min(0.2 * 2 ** min(crashes, 5), 5.0)
+
+
 @dataclass
 class _Worker:
     index: int
     port: int
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    crashes: int = 0  # exits in a row, each within STABLE_S of its start (the restart back-off's exponent)
+    spawned_at: float = 0.0  # monotonic time its current process started
     # what the worker said on stdout (reset when it is respawned)
     ready: bool = False
     generation: int | None = None
@@ -423,6 +433,7 @@ class Supervisor:
                                 start_new_session=True)
         with self._cond:
             w.proc = proc
+            w.spawned_at = time.monotonic()
             w.ready, w.generation, w.digest, w.last, w.refused, w.events = False, None, None, "", None, 0
         # Drain stdout for the life of the process: protocol lines, and a stray print never blocks it.
         threading.Thread(target=self._drain, args=(w, proc), daemon=True, name=f"worker-{w.index}-out").start()
@@ -492,7 +503,9 @@ class Supervisor:
 
             multiprocess.mark_process_dead(proc.pid, self._metrics_dir)
             w.restarts += 1
-            delay = min(0.2 * 2 ** min(w.restarts, 5), 5.0)
+            # the back-off grows with crashes in a row: a worker that had run STABLE_S or more starts over
+            w.crashes = 1 if time.monotonic() - w.spawned_at >= STABLE_S else w.crashes + 1
+            delay = restart_delay(w.crashes)
             log.error("worker %d (pid %d) exited with %s; restarting in %.1fs on generation %d", w.index, proc.pid,
                       code, delay, self.snapshot.generation)
             time.sleep(delay)

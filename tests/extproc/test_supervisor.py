@@ -22,7 +22,7 @@ from google.protobuf import text_format
 
 from extproc.config.loader import load_file
 from extproc.stack import free_port, free_port_block
-from extproc.supervisor import Supervisor
+from extproc.supervisor import STABLE_S, Supervisor, restart_delay
 from tests.conftest import DATA, REPO
 from tests.promtext import scrape
 
@@ -104,6 +104,10 @@ def adapterctl(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO)
 
 
+def test_restart_delay_grows_with_crashes_in_a_row_up_to_5_s():
+    assert [restart_delay(n) for n in (1, 2, 3, 4, 5, 9)] == [0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+
+
 def test_workers_restart_and_stop_cleanly():
     base = free_port_block(2)
     admin = free_port()
@@ -125,6 +129,23 @@ def test_workers_restart_and_stop_cleanly():
         while time.monotonic() < deadline and httpx.get(f"http://127.0.0.1:{admin}/healthz").status_code != 200:
             time.sleep(0.1)
         assert httpx.get(f"http://127.0.0.1:{admin}/healthz").status_code == 200
+        # the back-off counts crashes in a row: again at once is the second; after a worker ran a minute
+        # (its start moved back) it starts over at the first
+        assert sup.workers[0].crashes == 1
+
+        def kill_and_wait(w):
+            pid = w.proc.pid
+            os.kill(pid, signal.SIGKILL)
+            end = time.monotonic() + 20
+            while time.monotonic() < end and (w.proc.pid == pid or not w.ready):
+                time.sleep(0.05)
+            assert w.proc.pid != pid and w.ready
+
+        kill_and_wait(sup.workers[0])
+        assert sup.workers[0].crashes == 2 and sup.workers[0].restarts == 2
+        sup.workers[0].spawned_at -= STABLE_S + 1
+        kill_and_wait(sup.workers[0])
+        assert sup.workers[0].crashes == 1 and sup.workers[0].restarts == 3
     finally:
         pids = sup.pids
         sup.stop()
