@@ -106,7 +106,8 @@ class ArgumentError:
 class ToolCallError(ValueError):
     """A tool call the gateway refuses: ``status`` (400, or 404 for an unknown tool), ``code``.
 
-    ``code`` is ``malformed_tool_call``, ``unknown_tool`` or ``invalid_tool_arguments``;
+    ``code`` is ``malformed_tool_call``, ``unknown_tool``, ``invalid_tool_arguments`` or
+    ``invalid_tool_schema`` (502: the document's schema cannot be checked);
     ``errors`` lists `ArgumentError`s for the last.
     """
 
@@ -362,10 +363,15 @@ def validate_arguments(tool: Tool, args: Any) -> list[ArgumentError]:
             return [ArgumentError("", "", e.message)]
     validator = tool.cached("validator", _make_validator)
     out: list[ArgumentError] = []
-    for err in validator.iter_errors(args):
-        out.extend(_explain(err))
-        if len(out) >= MAX_ERRORS:
-            break
+    try:
+        for err in validator.iter_errors(args):
+            out.extend(_explain(err))
+            if len(out) >= MAX_ERRORS:
+                break
+    except (TypeError, ValueError, re.error) as e:  # the document's schema is not JSON Schema (`format: [..]`)
+        raise ToolCallError("invalid_tool_schema", f"tool {tool.name!r} cannot be called: its parameter schema "
+                            f"in the OpenAPI document is not valid JSON Schema ({type(e).__name__}: {e})",
+                            status=502, tool=tool.name) from None
     out.sort(key=lambda e: e.pointer)
     return out[:MAX_ERRORS]
 

@@ -87,6 +87,18 @@ def test_resolve_tool(petstore):
 # -- validation -----------------------------------------------------------------
 
 
+def test_a_schema_that_is_not_json_schema_refuses_the_call_instead_of_raising():
+    """Found by tests/fuzz/test_fuzz_openapi.py: `format: [..]` in the document made jsonschema raise
+    TypeError (unhashable) on every call (500 stage_error on a tool route)."""
+    for bad in ({"format": ["email"]}, {"format": {"a": 1}}):
+        t = tool("/o", "post", {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "properties": {"a": {"type": "string", **bad}}}}}}})
+        with pytest.raises(ToolCallError) as e:
+            validate_arguments(t, {"a": "x"})
+        assert (e.value.status, e.value.code) == (502, "invalid_tool_schema"), bad
+        assert "parameter schema in the OpenAPI document is not valid JSON Schema" in e.value.message
+
+
 def test_validation_errors_name_the_field():
     t = tool("/o", "post", {"requestBody": {"required": True, "content": {"application/json": {"schema": {
         "type": "object", "required": ["customer", "items"], "additionalProperties": False, "properties": {
