@@ -8,7 +8,7 @@ the worker), an `ExtProcService` with `ProcessorMetrics` on a private `Collector
 framework's per-plugin and per-decision `perf_counter_ns` timing and its buffered histogram observes
 are included, as in the worker), and an `EngineSignals` holding, for every endpoint, the sample a
 scrape of the simulator's exposition text gives (tests/data/metrics/simulator.txt: queue 2, KV 0.054,
-LoRA finance-lora running) on the real monotonic clock, refreshed before every decision so it
+LoRA finance-lora running; its model renamed to bench_routing's, which the fleet serves) on the real monotonic clock, refreshed before every decision so it
 never goes stale. Requests are bench_routing's `shared-prefix` workload (16 groups of 2048-token
 system prompts, 256-token questions, 2 turns, 2 LoRA groups; fresh text per condition), each parsed
 by `parse_openai` into its own `RequestState` before it is timed. After each pick its endpoint's
@@ -53,6 +53,7 @@ and whether perf/bench_routing.py was running): other processes make the idle fi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import gc
 import json
@@ -173,7 +174,9 @@ def build(policy: str, state_dir: str) -> Bench:
     backend = snap.backends["pool"]
     endpoints = tuple(backend.endpoint_ids)
     # tests/extproc/scheduling/signal_fleet.py's fleet(rt, {e: recorded(SIMULATOR)}), on the real clock
-    sample = parse_metrics("vllm", SIMULATOR_METRICS.read_text())
+    # the recorded sample names the simulator's default model; bench_routing's fleet serves br.MODEL, so
+    # a base-model request must find it there (else lora-affinity-scorer takes it for an adapter)
+    sample = dataclasses.replace(parse_metrics("vllm", SIMULATOR_METRICS.read_text()), models=(br.MODEL,))
     sig = EngineSignals(clock=time.monotonic, inflight=rt.inflight.get)
     sig.update({e: (f"http://{e}/metrics", "vllm") for e in endpoints})
     for e in endpoints:
