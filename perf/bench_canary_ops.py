@@ -378,7 +378,7 @@ def run(args: argparse.Namespace) -> dict:
                  "and 2 real processor workers"),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": benchenv.cpu(), "git": benchenv.git_revision(), "python": platform.python_version(),
-        "command": "perf/bench_canary_ops.py " + " ".join(args.argv),
+        "command": " ".join(["perf/bench_canary_ops.py", *args.argv]),
         "elapsed_s": round(time.monotonic() - t_begin, 1), "loadavg_start": la_start, "loadavg_end": loadavg(),
         "settings": {"ops": args.ops, "clients": args.clients, "pause_s": args.pause, "workers": 2,
                      "plan_steps_percent": STEPS, "keys": KEYS, "kinds": list(KINDS)},
