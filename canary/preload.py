@@ -1,8 +1,8 @@
 """Sandboxed preload of an adapter bundle: compile it with the config and run its golden requests, in a
 subprocess with resource limits, no network and a time limit, before any request can use it.
 
-What: `preload(config_path, candidate, loaded=(), endpoints=None, limits=SandboxLimits())` runs, in a
-child process, what the supervisor would publish with the candidate added (the config file compiled
+What: `preload(config_path, candidate, loaded=(), endpoints=None, limits=SandboxLimits(), declared=())`
+runs, in a child process, what the supervisor would publish with the candidate added (the config file compiled
 with the bundles loaded before and the candidate last: `extproc.config.loader.load_text(...,
 loaded=...)`), then every golden case of the candidate (`canary.bundle.adapter_contents`) through the
 route's compiled stages in process: `parse-json` -> `encode-request` (the backend body; compared with
@@ -12,7 +12,9 @@ chat answer (or its raw `backendResponse`) -> `decode-response` (the client body
 `problems` (file, field, reason: a refused bundle.yaml, a template error, a config issue) or the golden
 cases that failed, each with a unified diff of expected and actual JSON. A bundle passes only if it
 compiles, names only routes the config has, carries at least one golden case per route it names, and
-every case passes.
+every case passes. `declared`: bundles the config file itself names (`spec.bundles[].path`) that the
+accepted generation does not hold yet get the same checks (the supervisor runs them before a reload
+or its first generation publishes them; `candidate` None).
 `run_sandboxed(target, payload, limits)` is the sandbox itself, for any `module:function` taking and
 returning JSON: the child is `python -I` (no PYTHONPATH, no user site), its own session, cwd and TMPDIR
 a fresh temporary directory (removed after), a minimal environment, and before the target runs:
@@ -243,11 +245,15 @@ class PreloadResult:
         return doc
 
 
-def preload(config_path: str, candidate: str, loaded: tuple[str, ...] = (),
+def preload(config_path: str, candidate: str | None, loaded: tuple[str, ...] = (),
             endpoints: dict[str, tuple[tuple[str, int], ...]] | None = None,
-            limits: SandboxLimits = SandboxLimits()) -> PreloadResult:
-    """Compile `candidate` with the config and its golden cases in the sandbox (above)."""
-    payload = {"config": str(Path(config_path).resolve()), "candidate": str(Path(candidate).resolve()),
+            limits: SandboxLimits = SandboxLimits(), declared: tuple[str, ...] = ()) -> PreloadResult:
+    """Compile the config with the bundles loaded before and `candidate` (a ZIP loaded now, or None) in
+    the sandbox, and run the golden cases of `candidate` and of `declared` (ZIPs the config file's
+    `spec.bundles` names, new since the accepted generation): the checks above, for each."""
+    payload = {"config": str(Path(config_path).resolve()),
+               "candidate": str(Path(candidate).resolve()) if candidate else None,
+               "declared": [str(Path(p).resolve()) for p in declared],
                "loaded": [str(Path(p).resolve()) for p in loaded],
                "endpoints": {n: [[h, int(p)] for h, p in eps] for n, eps in (endpoints or {}).items()}}
     r = run_sandboxed("canary.preload:_preload_child", payload, limits)
@@ -262,36 +268,50 @@ def preload(config_path: str, candidate: str, loaded: tuple[str, ...] = (),
 def _preload_child(payload: dict[str, Any]) -> dict[str, Any]:
     """In the sandbox: verify, extract (the seam: what is compiled is what was hashed), compile, run golden."""
     from canary.bundle import BundleError, adapter_contents, load
+    from extproc.config.compile import apply_bundle_part
     from extproc.config.loader import ConfigError, load_text, read_config
 
     candidate = payload["candidate"]
-    try:
-        b = load(candidate)
-        b.extract(Path(os.getcwd()) / "bundle")
-        contents = adapter_contents(b)
-    except BundleError as e:
-        return {"ok": False, "problems": [str(p) for p in e.problems]}
-    ref = f"{b.manifest.name}@{b.manifest.version}"
+    checked = []  # (path, Bundle, AdapterContents)
+    for i, path in enumerate(([candidate] if candidate else []) + payload["declared"]):
+        try:
+            b = load(path)
+            b.extract(Path(os.getcwd()) / f"bundle-{i}")
+            checked.append((path, b, adapter_contents(b)))
+        except BundleError as e:
+            return {"ok": False, "problems": [(f"{Path(path).name}: " if i or not candidate else "") + str(p)
+                                              for p in e.problems]}
+    refs = [f"{b.manifest.name}@{b.manifest.version}" for _, b, _ in checked]
     endpoints = {n: tuple((h, int(p)) for h, p in eps) for n, eps in payload["endpoints"].items()} or None
     try:
         snap = load_text(read_config(payload["config"]), payload["config"], endpoints=endpoints,
-                         loaded=tuple(payload["loaded"]) + (candidate,))
+                         loaded=tuple(payload["loaded"]) + ((candidate,) if candidate else ()))
     except ConfigError as e:
-        return {"ok": False, "bundle": ref, "problems": [str(i) for i in e.issues]}
-    problems = [f"bundle.yaml: routes.{r}: the config has no route {r!r} (routes: "
-                f"{', '.join(n for n in snap.routes if n != 'adapter-health')})"
-                for r in contents.routes if r not in snap.routes]
-    covered = {c.route for c in contents.golden}
-    problems += [f"golden/: routes.{r}: no golden case for this route (every route a bundle changes needs one: "
-                 f"golden/NAME.yaml with route, request, output, response)" for r in contents.routes if r not in covered]
+        return {"ok": False, "bundle": ", ".join(refs), "problems": [str(i) for i in e.issues]}
+    problems: list[str] = []
+    golden: list[dict[str, Any]] = []
+    routes: set[str] = set()
+    for (path, b, contents), ref in zip(checked, refs):
+        where = "" if path == candidate else f"{Path(path).name}: "
+        missing = [r for r in contents.routes if r not in snap.routes]
+        problems += [f"{where}bundle.yaml: routes.{r}: the config has no route {r!r} (routes: "
+                     f"{', '.join(n for n in snap.routes if n != 'adapter-health')})" for r in missing]
+        covered = {c.route for c in contents.golden}
+        problems += [f"{where}golden/: routes.{r}: no golden case for this route (every route a bundle changes "
+                     f"needs one: golden/NAME.yaml with route, request, output, response)"
+                     for r in contents.routes if r not in covered]
+        if missing or problems:
+            continue
+        bundle = snap.bundles[ref]
+        routes |= set(contents.routes)
+        for c in contents.golden:
+            g = asdict(_run_case(snap, apply_bundle_part(snap.routes[c.route], bundle), c))
+            g["case"] = where + g["case"]
+            golden.append(g)
     if problems:
-        return {"ok": False, "bundle": ref, "problems": problems}
-    from extproc.config.compile import apply_bundle_part
-
-    bundle = snap.bundles[ref]
-    golden = [asdict(_run_case(snap, apply_bundle_part(snap.routes[c.route], bundle), c)) for c in contents.golden]
-    return {"ok": all(g["ok"] for g in golden), "bundle": ref, "digest": b.digest, "routes": sorted(contents.routes),
-            "golden": golden}
+        return {"ok": False, "bundle": ", ".join(refs), "problems": problems}
+    return {"ok": all(g["ok"] for g in golden), "bundle": ", ".join(refs),
+            "digest": ", ".join(b.digest for _, b, _ in checked), "routes": sorted(routes), "golden": golden}
 
 
 def _run_case(snap: Any, route: Any, case: Any) -> GoldenResult:

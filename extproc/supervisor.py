@@ -191,6 +191,7 @@ class Supervisor:
         try:
             rollouts = self._prepare_rollouts()
             self._loaded = self._read_loaded()
+            self._preload_declared(set())
             bundle = publish(self.bundle_root, self.config_path, 1, self.endpoints, rollouts=rollouts,
                              loaded=tuple(self._loaded))
             assert bundle is not None
@@ -349,6 +350,35 @@ class Supervisor:
                         os.unlink(incoming)
                     except FileNotFoundError:
                         pass
+
+    def _preload_declared(self, known: set[str]) -> None:
+        """The golden cases of bundles the config file names (`spec.bundles[].path`) whose content the
+        accepted generation does not hold (`known` digests), run in the sandbox before they are
+        published; a failure is a `ConfigError` (the reload is refused, generation 1 does not start).
+        A bundle that does not verify is left to the compile, which names it with file:line."""
+        from canary.bundle import BundleError, load
+        from canary.preload import SandboxLimits, preload
+        from extproc.config.loader import parse_text, read_config, relative_to
+
+        model, _ = parse_text(read_config(self.config_path), self.config_path)
+        resolve = relative_to(self.config_path)
+        new = []
+        for e in model.spec.bundles:
+            if e.path is None:
+                continue
+            try:
+                if load(resolve(e.path)).digest not in known:
+                    new.append(str(resolve(e.path)))
+            except BundleError:
+                continue
+        if not new:
+            return
+        result = preload(self.config_path, None, tuple(self._loaded), self.endpoints or None,
+                         self.preload_limits or SandboxLimits(), declared=tuple(new))
+        if not result.ok:
+            raise ConfigError(f"{self.config_path}: spec.bundles: refused by the preload sandbox:\n{result.reason}")
+        log.info("bundles %s named by %s: %d golden cases passed in the sandbox", result.bundle, self.config_path,
+                 len(result.golden))
 
     def _refused(self, stage: str, problems: list[str], ref: str = "", preload: Any = None) -> dict[str, Any]:
         log.error("adapter bundle %s refused at %s, keeping generation %d:\n%s", ref or "?", stage,
@@ -540,6 +570,7 @@ class Supervisor:
         with self._reload_lock:
             current = self.snapshot
             try:
+                self._preload_declared({b.digest for b in current.bundles.values()})
                 bundle = publish(self.bundle_root, self.config_path, current.generation + 1, self.endpoints,
                                  unchanged=current.digest, rollouts=self._prepare_rollouts(),
                                  loaded=tuple(self._loaded))

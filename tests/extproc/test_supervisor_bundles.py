@@ -147,3 +147,21 @@ def test_a_config_file_that_no_longer_compiles_refuses_the_load_at_publish(gatew
     cfg.write_text(good)
     code, _, err = load(capsys, url, make_bundle(tmp, "1", tag="one"))
     assert code == 0, err
+
+
+def test_bundles_the_config_file_names_pass_their_golden_cases_before_they_are_published(gateway, capsys):
+    tmp, url, start = gateway
+    make_bundle(tmp, "1", tag="one", golden_v="wrong")
+    with pytest.raises(Exception) as e:  # generation 1 does not start with a failing bundle
+        start(key=", path: summ-1.zip")
+    assert "spec.bundles: refused by the preload sandbox" in str(e.value)
+    assert "golden case summ-1.zip: golden/basic.yaml (route summarize) failed at response" in str(e.value)
+    make_bundle(tmp, "1", tag="one")  # fixed in place
+    sup = start(key=", path: summ-1.zip")
+    assert summary(sup) == b'{"summary":"hi","v":"one"}'
+    make_bundle(tmp, "1", tag="two", golden_v="one")  # the same file replaced by a failing build: reload refused
+    r = sup.reload()
+    assert not r.accepted and "failed at response" in r.errors and '+  "v": "two"' in r.errors
+    assert summary(sup) == b'{"summary":"hi","v":"one"}'
+    make_bundle(tmp, "1", tag="two")
+    assert sup.reload().accepted and summary(sup) == b'{"summary":"hi","v":"two"}'
