@@ -25,7 +25,9 @@ Adapter bundles (`POST /bundles` with a ZIP as the body, `adapterctl bundle load
 cases run), then kept in `<stateDir>/bundles/` (`loaded.json` lists them, oldest first, so a
 restarted supervisor serves them again) and published as the next generation, the loaded ZIPs copied
 into the config bundle (`publish(..., loaded=...)`); a refusal (422, with the stage and the reasons)
-changes nothing. `GET /bundles`: what the accepted snapshot holds and uses.
+changes nothing. `GET /bundles`: what the accepted snapshot holds and uses. Bundles the config file
+names (`spec.bundles[].path`) with content the accepted generation lacks run the same preload before
+generation 1 or a reload is published (a failure refuses it).
 Rolling restart (`POST /restart`, `adapterctl restart --rolling`): each worker in turn is stopped with
 its drain (SIGTERM: NOT_SERVING, then the shutdown grace) and replaced by a fresh process on the same
 port, waited for until ready, then ROLLING_SETTLE seconds before the next; reloads wait meanwhile.
