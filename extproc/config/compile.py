@@ -4,10 +4,14 @@ What: resolves route targets (declared backend names, or `host:port` which defin
 backend named after the host), applies documented defaults (model from `modelRef`, protocol from
 `spec.protocol`, health path per backend kind), compiles request/response templates, derives the
 JSON Schema asked of the model from the transform's paths, builds each route's stage pipeline,
-and checks cross-references (duplicates, dangling targets, port clashes). All problems are
-collected and raised together as one `ConfigError`.
+and checks cross-references (duplicates, dangling targets, port clashes). Adapter bundles
+(`spec.bundles` and those loaded at run time): each ZIP verified (canary/bundle.py), its bundle.yaml
+compiled; a route takes the part of its bundle (`bundle:`, else the active bundle naming it:
+`apply_bundle_part`, plugin parameters as instances of its own: `_bundle_scheduler`), a rollout's
+bundle arms become `Route.variants`. All problems are collected and raised together as one
+`ConfigError`.
 Why: everything that can be wrong is found at load time, never on a request.
-Cost: milliseconds; once per load.
+Cost: milliseconds; once per load (plus a SHA256 pass over each bundle ZIP, twice for loaded ones).
 """
 
 from __future__ import annotations
