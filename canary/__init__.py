@@ -6,7 +6,11 @@
   with a rollout (`spec.rollouts`); the arm is named in `x-adapter-variant` and counted in
   `adapter_processor_variant_requests_total`.
 - `canary.bundle`: adapter bundles: build a SHA256-manifested, optionally ed25519-signed ZIP from a
-  directory and verify one (`adapterctl bundle build|verify`).
+  directory and verify one (`adapterctl bundle build|verify`); what a route takes from one
+  (`bundle.yaml`: templates, schema, plugin parameters) and its golden cases.
+- `canary.preload`: the sandbox (rlimits, no network, a wall-clock limit, a temporary directory) and
+  the preload that compiles a bundle with the config and runs its golden cases there before the
+  supervisor publishes it (`adapterctl bundle load`).
 - `canary.judge`: per-arm windows of latency, TTFT and errors; the brief's thresholds with a
   Mann-Whitney U test per latency metric and Fisher's test for errors: pass, fail or inconclusive.
 - `canary.plan`: a step plan (1 -> 5 -> 25 -> 50 -> 100 %) with minimum samples and dwell, automatic
@@ -17,8 +21,9 @@
   in a per-worker ring file; the supervisor tails them all.
 - `canary.control`: the supervisor's controller: per rollout with a `plan:` block, windows fed from
   the feed, the judge and the plan on a schedule, the plan's weights applied by republishing the
-  config, state surviving restarts; operator actions. `canary.cli`: `adapterctl canary`.
+  config, state surviving restarts; operator actions. `canary.cli`: `adapterctl canary`,
+  `adapterctl bundle load`, `adapterctl restart --rolling`.
 
-Not yet: endpoint and bundle arms, sandboxed preload of bundles, control across gateway replicas.
+Not yet: endpoint arms, control across gateway replicas.
 docs/canary.md says what remains. Importing this package imports nothing.
 """
