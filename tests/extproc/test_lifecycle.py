@@ -176,8 +176,10 @@ async def test_a_route_that_reads_the_response_learns_its_end_from_the_stream():
     no access-log entry is asked for (no `adapter.worker` metadata), on_done fires at the stream's end."""
     svc, rec, _ = service(feedback=True)
     reqs = recorded("v1-analyze-rec-llm-ok.txtpb")
-    reqs[2].attributes["envoy.filters.http.ext_proc"].update({"response.code": 503,
-                                                               "upstream.address": "10.0.0.9:8000"})
+    # Envoy's own 503 (the backend reset before answering): the body is not asked for
+    reqs[2].attributes["envoy.filters.http.ext_proc"].update({
+        "response.code": 503, "upstream.address": "10.0.0.9:8000",
+        "response.code_details": "upstream_reset_before_response_started{connection_failure}"})
     status = next(h for h in reqs[2].response_headers.headers.headers if h.key == ":status")
     status.raw_value = b"503"
     replies = await run_stream(svc, "v1-analyze", reqs[:3], "eof")
