@@ -71,12 +71,23 @@ def load_yaml(text: str, filename: str) -> tuple[Any, SourceMap]:
         return None, smap
     constructor = yaml.SafeLoader("")
 
+    def construct(n: yaml.Node) -> Any:
+        """A scalar's value; an unknown tag (`!x`, `!!python/object`) or a bad `!!int`/`!!float`/
+        `!!timestamp` value is a YamlError with the node's line, not an exception out of the loader."""
+        try:
+            return constructor.construct_object(n, deep=True)
+        except yaml.YAMLError as e:
+            raise YamlError(f"{filename}:{n.start_mark.line + 1}: invalid YAML: {getattr(e, 'problem', None) or e}") \
+                from None
+        except (ValueError, TypeError, OverflowError) as e:
+            raise YamlError(f"{filename}:{n.start_mark.line + 1}: invalid YAML value for {n.tag}: {e}") from None
+
     def build(n: yaml.Node, path: Path) -> Any:
         smap.lines[path] = n.start_mark.line + 1
         if isinstance(n, yaml.MappingNode):
             out: dict[str, Any] = {}
             for k_node, v_node in n.value:
-                key = constructor.construct_object(k_node, deep=True)
+                key = construct(k_node)
                 if not isinstance(key, str):
                     key = str(key)
                 if key in out:
@@ -94,6 +105,6 @@ def load_yaml(text: str, filename: str) -> tuple[Any, SourceMap]:
             smap.content_lines[path] = n.start_mark.line + 2
         elif isinstance(n, yaml.ScalarNode):
             smap.content_lines[path] = n.start_mark.line + 1
-        return constructor.construct_object(n, deep=True)
+        return construct(n)
 
     return build(node, ()), smap

@@ -87,6 +87,18 @@ def test_duplicate_yaml_keys_are_refused():
     assert "cfg.yaml:6: spec.modelRef: duplicate key" in msg
 
 
+@pytest.mark.parametrize("value, reason", [
+    ("!x m2", "cfg.yaml:5: invalid YAML: could not determine a constructor for the tag '!x'"),
+    ("!!python/object:os.system m2", "could not determine a constructor for the tag 'tag:yaml.org,2002:python/object"),
+    ("!!int m2", "cfg.yaml:5: invalid YAML value for tag:yaml.org,2002:int: invalid literal for int()"),
+    ("!!timestamp 2026-13-01", "cfg.yaml:5: invalid YAML value for tag:yaml.org,2002:timestamp: month must be in 1..12"),
+])
+def test_unknown_tags_and_bad_tagged_values_are_refused_with_their_line(value, reason):
+    """Found by tests/fuzz/test_fuzz_config.py: these raised yaml's ConstructorError or ValueError out of
+    load_text instead of a ConfigError."""
+    assert reason in refused(MINIMAL.replace("  modelRef: m1\n", f"  modelRef: {value}\n"))
+
+
 @pytest.mark.parametrize("field, value, reason", [
     ("maxBodyBytes", "lots", "invalid size 'lots'"),
     ("timeout", "-1s", "invalid duration"),
