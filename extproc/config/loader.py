@@ -83,7 +83,7 @@ def load_text(text: str, filename: str = "<config>", generation: int = 1, *,
     for name in [*referenced_files(model), *loaded]:
         try:
             files[name] = resolve(name).read_bytes()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a name with a NUL byte
             files[name] = None  # compile reports it, with file:line
     digest = loaded_digest(config_digest(text, files, endpoints), loaded)
     snap = compile_snapshot(model, smap, generation=generation, digest=digest, resolve=resolve, loaded=tuple(loaded))

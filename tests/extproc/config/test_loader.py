@@ -163,3 +163,15 @@ def test_endpoint_overrides_replace_backend_endpoints(tmp_path):
     assert snap.routes["a"].backend.endpoints == (("127.0.0.1", 1234),)
     with pytest.raises(ConfigError, match="unknown backend"):
         load_file(p, endpoints={"nope": (("127.0.0.1", 1),)})
+
+
+def test_a_referenced_file_name_with_a_nul_byte_is_a_config_error(tmp_path):
+    """Found by tests/fuzz/test_fuzz_config.py: `mapping: "a\\0b"` raised ValueError (embedded null
+    byte) out of load_text; `openapi:` the same out of load_spec."""
+    for route in ('{path: /o, kind: rest, target: b, mapping: "a\\0b"}', '{path: /t, kind: tool, target: b, openapi: "p\\0.yaml"}'):
+        text = ("apiVersion: adapter.ai/v1\nkind: AdapterGateway\nmetadata: {name: t}\nspec:\n"
+                "  backends: [{name: b, kind: rest, endpoints: ['127.0.0.1:9']}]\n  routes:\n    - " + route + "\n")
+        with pytest.raises(ConfigError) as e:
+            load_text(text, str(tmp_path / "cfg.yaml"))
+        (issue,) = e.value.issues
+        assert issue.where == f"{tmp_path / 'cfg.yaml'}:7" and issue.path.startswith("spec.routes[0].")
