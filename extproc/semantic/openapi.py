@@ -762,6 +762,8 @@ def load_spec(source: str | Path | bytes, *, encoding: str | None = None,
             data = path.read_bytes()
         except OSError as e:
             raise SpecError(name, [Problem("", f"cannot read: {e.strerror}")]) from None
+        except SpecError:
+            raise
         except ValueError:  # a NUL byte in the name
             raise SpecError(name, [Problem("", "cannot read: the file name has a NUL byte")]) from None
         base_dir = path.resolve().parent
