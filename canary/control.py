@@ -86,7 +86,7 @@ class ControlConfig:
     plan: PlanConfig = PlanConfig()
     judge: JudgeConfig = JudgeConfig()
     window: WindowConfig = WindowConfig()
-    interval: float = 1.0  # seconds between judgements
+    interval: float = 60.0  # seconds between judgements (the config's default: spec.rollouts[].plan.interval)
 
 
 class UnknownRollout(LookupError):

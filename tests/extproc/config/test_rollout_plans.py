@@ -40,7 +40,7 @@ def test_without_a_plan_block_the_rollout_is_manual_as_before():
 
 def test_an_empty_plan_block_takes_the_defaults_of_the_plan_and_the_judge():
     c = load_text(config("{}"), "gw.yaml").rollouts["r"].control
-    assert c == ControlConfig(plan=PlanConfig(), judge=JudgeConfig(), window=WindowConfig(), interval=1.0)
+    assert c == ControlConfig(plan=PlanConfig(), judge=JudgeConfig(), window=WindowConfig(), interval=60.0)
     assert c.plan.steps_bp == (100, 500, 2500, 5000, 10000) and c.judge.min_samples == 200
 
 
