@@ -331,7 +331,9 @@ def _server_url(spec: Spec, op: dict, item: dict) -> str | None:
             url = servers[0].get("url")
             if not isinstance(url, str):
                 continue
-            variables = servers[0].get("variables") or {}
+            variables = servers[0].get("variables")
+            if not isinstance(variables, dict):  # a string or list here: no variables (was AttributeError)
+                variables = {}
 
             def default(m: re.Match) -> str:
                 var = variables.get(m.group(1))

@@ -289,6 +289,14 @@ def test_swagger2_schemes_host_and_base_path_of_the_wrong_type():
         assert build_tools(parse_spec(doc)).tools[0].server_url == url, extra
 
 
+def test_server_variables_that_are_not_a_mapping_are_ignored():
+    """Found by perf/fuzz.py (openapi target): `variables: "x"` raised AttributeError in build_tools."""
+    for variables in ("x", ["a"], None):
+        doc = {"openapi": "3.0.3", "info": {"title": "t", "version": "1"},
+               "servers": [{"url": "https://h/{v}/api", "variables": variables}], "paths": {"/p": {"get": {"responses": OK}}}}
+        assert build_tools(parse_spec(doc)).tools[0].server_url == "https://h/{v}/api"
+
+
 def test_swagger2_form_data_and_collection_formats():
     s = parse_spec({"swagger": "2.0", "info": {"title": "t", "version": "1"}, "paths": {"/p": {
         "post": {"parameters": [{"name": "f", "in": "formData", "type": "string"}], "responses": OK},
