@@ -69,6 +69,8 @@ class OpenAIParse:
         req = state.request = parse_openai(state.attrs.get("path", ""), body, state.tenant)
         if req.stream:
             options = body.get("stream_options") or {}
+            if not isinstance(options, dict):  # (was AttributeError: a 500 for the client's mistake)
+                return reject(400, "invalid_request", "stream_options must be a JSON object", param="stream_options")
             if not options.get("include_usage"):
                 body["stream_options"] = {**options, "include_usage": True}
                 state.attrs["strip_usage"] = True

@@ -146,6 +146,14 @@ def test_a_streaming_request_gets_include_usage_added(snap):
     assert st.attrs["strip_usage"] is True and st.request.stream is True
 
 
+@pytest.mark.parametrize("options", [[None], "x", 5, True])
+def test_stream_options_that_are_not_an_object_are_a_400(snap, options):
+    """Found by perf/fuzz.py (stream target): `"stream_options": [null]` raised AttributeError (500 stage_error)."""
+    st, v = parsed(snap, "/v1/chat/completions", orjson.dumps({"model": "m1", "stream": True, "stream_options": options}))
+    assert isinstance(v, Reject) and (v.status, v.code) == (400, "invalid_request")
+    assert v.message == "stream_options must be a JSON object" and v.fields == {"param": "stream_options"}
+
+
 def test_a_streaming_request_keeps_its_other_stream_options(snap):
     body = {"model": "m1", "stream": True, "stream_options": {"continuous_usage_stats": True, "include_usage": False}}
     st, v = parsed(snap, "/v1/completions", orjson.dumps(body))
