@@ -215,8 +215,19 @@ def totals(slices: dict) -> dict:
     return out
 
 
+def _ranges(ks: list[int]) -> str:
+    """[1, 2, 3, 6, 11, 12] -> "1-3, 6, 11-12"."""
+    out: list[str] = []
+    for k in sorted(ks):
+        if out and int(out[-1].split("-")[-1]) == k - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{k}"
+        else:
+            out.append(str(k))
+    return ", ".join(out)
+
+
 def results_section(command: str, m: int, ran: list[int], report: dict, tot: dict, started: str) -> str:
-    lines = [f"## {started} UTC: fuzzing, slices {ran[0]}-{ran[-1]} of {m} (perf/fuzz.py)", "",
+    lines = [f"## {started} UTC: fuzzing, slices {_ranges(ran)} of {m} (perf/fuzz.py)", "",
              f"- machine: {cpu()}; commit {git_revision('extproc', 'backends', 'tests/fuzz')}",
              f"- command: `{command}`", "",
              "| target | slices run | cases | crashes | hangs | cases/s | RSS growth in a slice, max (MiB) | peak RSS (MiB) "
