@@ -277,7 +277,7 @@ def store(out: Path, m: int, cases: int, k: int, name: str, result: dict, comman
                "commit": git_revision("extproc", "backends", "tests/fuzz"), "command": command,
                "case_limit_s": limit, "slices": slices, "totals": totals(slices)}
         tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")  # ASCII: refusal texts may carry lone surrogates
         tmp.replace(out)
     finally:
         os.close(lock)  # releases the lock
