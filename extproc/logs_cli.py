@@ -50,14 +50,10 @@ def register(sub: Any) -> None:
 
 
 def _admin_url(args: Any) -> str:
-    if args.admin:
-        return args.admin.rstrip("/")
-    port = 9902
-    if args.config:
-        from extproc.config.loader import load_file
+    """`--admin`, else the `--config` file's admin port (as `adapterctl reload` reads it), else 9902."""
+    from extproc.cli import _default_admin
 
-        port = load_file(args.config).processor.admin_port
-    return f"http://127.0.0.1:{port}"
+    return (args.admin or _default_admin(args.config)).rstrip("/")
 
 
 def state_dir(admin: str) -> str | None:

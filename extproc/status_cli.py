@@ -39,12 +39,6 @@ def register(sub: Any) -> None:
     s.set_defaults(fn=cmd_status)
 
 
-def _admin_url(args: Any) -> str:
-    from extproc.logs_cli import _admin_url as admin
-
-    return admin(args)
-
-
 def _scrape(url: str, engine: str) -> dict[str, Any]:
     import httpx
 
@@ -172,6 +166,8 @@ def pretty(doc: dict[str, Any]) -> str:
 
 
 def cmd_status(args: Any) -> int:
+    from extproc.logs_cli import _admin_url
+
     admin = _admin_url(args)
     try:
         doc = gather(admin)
