@@ -97,8 +97,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_ctrl_c_stops_everything_and_leaves_no_process():
-    cmd = [sys.executable, "-m", "extproc", "up", str(REPO / "examples" / "finance-llm-adapter.yaml"), "--simulate",
+def test_ctrl_c_stops_everything_and_leaves_no_process(tmp_path):
+    import yaml
+
+    # the example with free processor ports: its fixed 50051-50052 lie in the kernel's ephemeral range,
+    # where a port an earlier test's process still holds can collide
+    doc = yaml.safe_load((REPO / "examples" / "finance-llm-adapter.yaml").read_text())
+    doc["spec"].setdefault("processor", {}).update(basePort=free_port_block(2), adminPort=free_port())
+    cfg = tmp_path / "finance-llm-adapter.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    cmd = [sys.executable, "-m", "extproc", "up", str(cfg), "--simulate",
            "--port", str(free_port()), "--admin-port", str(free_port()), "--workers", "2"]
     env = dict(os.environ)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
