@@ -1425,6 +1425,9 @@ async def serve(settings: SimulatorSettings, shutdown_event: asyncio.Event, *,
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
+    from backends import hypercorn_drain
+
+    hypercorn_drain.install()  # finish the HTTP/2 responses begun when the stop came
     sock = _listening_socket(settings.host, settings.port)
     host, port = sock.getsockname()[:2]
     config = Config()

@@ -301,6 +301,9 @@ async def _serve_hypercorn(app: OrtHttpApp, sock: socket.socket, settings: Serve
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
+    from backends import hypercorn_drain
+
+    hypercorn_drain.install()  # finish the HTTP/2 responses begun when the stop came
     config = Config()
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns the listening socket from here
     config.loglevel = settings.log_level.upper()

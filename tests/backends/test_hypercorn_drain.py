@@ -1,0 +1,48 @@
+"""backends/hypercorn_drain.py: the graceful-stop patch waits for unwritten HTTP/2 responses."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from backends import hypercorn_drain
+
+
+def _server(buffers: dict, closed: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(protocol=SimpleNamespace(protocol=SimpleNamespace(stream_buffers=buffers, closed=closed)))
+
+
+def test_pending_sends_are_the_connections_open_stream_buffers():
+    assert hypercorn_drain.pending_h2_sends(_server({1: object(), 3: object()})) == 2
+    assert hypercorn_drain.pending_h2_sends(_server({1: object()}, closed=True)) == 0  # nothing will be written
+    assert hypercorn_drain.pending_h2_sends(SimpleNamespace(protocol=SimpleNamespace(protocol=object()))) == 0  # h11
+
+
+def test_drain_returns_once_the_last_response_is_written():
+    buffers = {1: object()}
+    server = _server(buffers)
+
+    async def run() -> tuple[int, bool]:
+        async def written() -> None:
+            await asyncio.sleep(0.05)
+            buffers.clear()  # what hypercorn's send task does after END_STREAM
+
+        task = asyncio.create_task(written())
+        left = await hypercorn_drain.drain(server, wait_s=5.0)
+        return left, task.done()
+
+    assert asyncio.run(run()) == (0, True)
+
+
+def test_drain_gives_up_after_its_bound():
+    server = _server({1: object()})
+    assert asyncio.run(hypercorn_drain.drain(server, wait_s=0.02)) == 1
+
+
+def test_install_patches_hypercorn_once():
+    from hypercorn.asyncio.tcp_server import TCPServer
+
+    assert hypercorn_drain.install() is True  # pyproject pins the version it was written for
+    patched = TCPServer._initiate_server_close
+    assert hypercorn_drain.install() is True
+    assert TCPServer._initiate_server_close is patched
