@@ -503,6 +503,21 @@ class EppSpec(_Model):
         default_factory=dict)  # `model` in the body: client name -> the name the pool serves
 
 
+class TracingSpec(_Model):
+    """`spec.tracing`: OpenTelemetry traces of Envoy and the processor, exported over OTLP/gRPC to one
+    collector (extproc/tracing.py, docs/tracing.md). Absent: no tracing at all (the default)."""
+    endpoint: str  # the collector's OTLP/gRPC "host:port" (plaintext), for Envoy and every worker
+    sampling_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0  # share of new traces recorded
+    service_name: Annotated[str, Field(min_length=1, max_length=200)] = "adapter-gateway"  # + -envoy/-processor
+    export_timeout: Duration = 5.0  # per OTLP export call (the processor's exports run off the event loop)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        split_host_port(v)
+        return v
+
+
 class GatewaySpec(_Model):
     model_ref: str | None = None  # "name[@registry]": default model for llm routes
     protocol: Literal["http", "grpc"] = "http"  # default backend transport
@@ -518,6 +533,7 @@ class GatewaySpec(_Model):
     epp: EppSpec | None = None  # EPP mode (a Gateway API InferencePool's endpoint picker)
     rollouts: tuple[RolloutSpec, ...] = ()  # canary rollouts of routes' backends (docs/config.md)
     bundles: tuple[BundleSpec, ...] = ()  # adapter bundles routes and rollout arms use (docs/canary.md)
+    tracing: TracingSpec | None = None  # OpenTelemetry traces (docs/tracing.md); off when absent
 
     @model_validator(mode="after")
     def _some_route(self) -> "GatewaySpec":
