@@ -486,6 +486,43 @@ def _metadata_options(tenancy: Any) -> dict[str, Any]:
     return out
 
 
+def _client_limits(limits: Any) -> dict[str, Any]:
+    """The HCM's limits on what one client may hold or send (`spec.listener.limits`, docs/limits.md):
+    slow headers and bodies are cut by the header and request timeouts, idle streams and connections
+    by the idle timeouts, oversized headers get 431, and one HTTP/2 connection opens at most
+    `maxConcurrentStreams` streams (Envoy's default is 2^31-1)."""
+    return {
+        "request_headers_timeout": _duration(limits.request_headers_timeout),
+        "request_timeout": _duration(limits.request_timeout),
+        "stream_idle_timeout": _duration(limits.stream_idle_timeout),
+        "max_request_headers_kb": limits.max_request_headers_kb,
+        "common_http_protocol_options": {"idle_timeout": _duration(limits.idle_timeout),
+                                         "max_headers_count": limits.max_headers_count},
+        "http2_protocol_options": {"max_concurrent_streams": limits.max_concurrent_streams},
+    }
+
+
+def tracing(snap: Snapshot) -> dict[str, Any] | None:
+    """The HCM's OpenTelemetry tracer (`spec.tracing`, docs/tracing.md), None when tracing is off.
+    Envoy starts a server span per request (W3C `traceparent` from the client continues its trace),
+    samples new traces at `samplingRatio`, spawns a client span for each upstream request and for
+    the ext_proc stream (whose gRPC metadata then carries `traceparent`, the processor's parent),
+    and exports OTLP/gRPC straight to the collector (google_grpc: no cluster to add)."""
+    t = snap.spec.spec.tracing
+    if t is None:
+        return None
+    return {
+        "random_sampling": {"value": t.sampling_ratio * 100.0},
+        "spawn_upstream_span": True,
+        "provider": {"name": "envoy.tracers.opentelemetry", "typed_config": {
+            "@type": _T + "envoy.config.trace.v3.OpenTelemetryConfig",
+            "grpc_service": {"google_grpc": {"target_uri": t.endpoint, "stat_prefix": "otlp_tracing"},
+                             "timeout": _duration(t.export_timeout)},
+            "service_name": f"{t.service_name}-envoy",
+        }},
+    }
+
+
 def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | None = None) -> dict[str, Any]:
     """The HCM: routes inline, or from RDS when `rds` (a ConfigSource) is given."""
     proc = snap.processor
@@ -502,6 +539,7 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
             },
         }],
         "local_reply_config": _local_reply_config(),
+        **_client_limits(snap.listener.limits),
     }
     if rds is None:
         hcm["route_config"] = route_configuration(snap)
@@ -509,6 +547,9 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
         hcm["rds"] = {"route_config_name": ROUTE_CONFIG_NAME, "config_source": rds}
     if proc.feedback == "accessLog":  # how each request's end reaches its worker (extproc/feedback.py)
         hcm["access_log"] = access_loggers(workers)
+    trace = tracing(snap)
+    if trace is not None:
+        hcm["tracing"] = trace
     hcm["http_filters"] = _jwt_filters(tenancy) + [
         {"name": EXT_PROC, "typed_config": {
             "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
@@ -561,7 +602,7 @@ def bootstrap_base(snap: Snapshot) -> dict[str, Any]:
             "name": "envoy.resource_monitors.global_downstream_max_connections",
             "typed_config": {
                 "@type": _T + "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
-                "max_active_downstream_connections": 50000,
+                "max_active_downstream_connections": snap.listener.limits.max_connections,
             },
         }]},
     }
@@ -614,7 +655,7 @@ def render_yaml(snap: Snapshot, workers: int | None = None) -> str:
 
 __all__ = ["render", "render_yaml", "dump_yaml", "processing_mode", "route_configuration", "listener",
            "http_connection_manager", "backend_cluster", "load_assignment", "processor_cluster", "als_clusters",
-           "access_loggers", "bootstrap_base", "worker_count", "uses_eds", "is_ip", "PROCESSOR_CLUSTER",
+           "access_loggers", "tracing", "bootstrap_base", "worker_count", "uses_eds", "is_ip", "PROCESSOR_CLUSTER",
            "ALS_CLUSTER_PREFIX", "HEALTH_ROUTE", "DESTINATION_HEADER", "LB_METADATA_NAMESPACE", "DIGEST_METADATA_KEY",
            "ROUTE_CONFIG_NAME", "LISTENER_NAME", "STAT_PREFIX", "upstream_retry_policy", "processor_retry_policy",
            "NEVER_SENT_RETRY_ON", "SENT_RETRY_ON", "IDEMPOTENT_KINDS", "UPSTREAM_IDLE_TIMEOUT",

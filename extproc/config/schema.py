@@ -101,10 +101,24 @@ class Metadata(_Model):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
+class ListenerLimits(_Model):
+    """What Envoy allows one client (docs/limits.md): hostile or broken clients are cut off here,
+    before they reach the processor."""
+    request_headers_timeout: Duration = 10.0  # all request headers must arrive within this (slow headers)
+    request_timeout: Duration = 60.0  # the whole request (headers and body) within this (slow bodies)
+    stream_idle_timeout: Duration = 300.0  # a request with no bytes either way for this long is reset
+    idle_timeout: Duration = 300.0  # a client connection with no request open for this long is closed
+    max_request_headers_kb: Annotated[int, Field(ge=1, le=8192)] = 60  # request headers' total size (431 beyond)
+    max_headers_count: Annotated[int, Field(ge=1, le=10000)] = 100  # request headers' count (431 beyond)
+    max_concurrent_streams: Annotated[int, Field(ge=1, le=2147483647)] = 100  # per HTTP/2 connection
+    max_connections: Annotated[int, Field(ge=1, le=10_000_000)] = 50000  # client connections, all listeners
+
+
 class ListenerSpec(_Model):
     """Where Envoy accepts client traffic."""
     address: str = "127.0.0.1"
     port: Port = 8080
+    limits: ListenerLimits = ListenerLimits()
 
 
 class AdminSpec(_Model):
@@ -188,6 +202,30 @@ class RoutePolicy(_Model):
 RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest"]
 
 
+class ServerTimingSpec(_Model):
+    """Latency attribution for a route (docs/attribution.md): per-request metrics split by component
+    and, unless `mode: metrics`, a `Server-Timing` response header. `trusted` (the default) adds the header
+    only for requests from a trusted source: a tenant in `tenants` (the verified tenant, spec.tenancy) or
+    a request carrying `header` (one an authenticating proxy in front of Envoy sets); `always` adds it to
+    every response. A string is short for `{mode: ...}`."""
+    mode: Literal["trusted", "always", "metrics"] = "trusted"
+    tenants: tuple[Annotated[str, Field(min_length=1)], ...] = ()
+    header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short(cls, value: Any) -> Any:
+        return {"mode": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _source(self) -> "ServerTimingSpec":
+        if self.mode == "trusted" and not self.tenants and self.header is None:
+            raise FieldError("mode", "serverTiming: trusted needs a trusted source: `tenants` (verified tenant ids) "
+                             "or `header` (set by an authenticating proxy); `always` sends it to every client, "
+                             "`metrics` records the metrics without the header")
+        return self
+
+
 class RouteSpec(_Model):
     """One client-facing path (or path prefix) and what the processor does with its requests.
 
@@ -215,6 +253,7 @@ class RouteSpec(_Model):
     # outputSchema: "NAME" (its active version: the last loaded, else the only declared one) or
     # "NAME@VERSION" (pinned). Without it, a loaded bundle naming this route in its bundle.yaml applies.
     bundle: Annotated[str, Field(pattern=BUNDLE_REF)] | None = None
+    server_timing: ServerTimingSpec | None = None  # latency attribution (docs/attribution.md); off by default
 
 
 class BundleRouteSpec(_Model):
