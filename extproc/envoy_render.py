@@ -177,10 +177,13 @@ def processing_mode(route: Route) -> dict[str, str]:
 
 
 def _ext_proc_per_route(route: Route, tenant_header: str, digest: str) -> dict[str, Any]:
+    # latency attribution (extproc/attribution.py): Envoy's first-byte time comes with the request headers
+    timing = {"request_attributes": ["request.time"]} if route.server_timing is not None else {}
     return {
         EXT_PROC: {
             "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
             "overrides": {
+                **timing,
                 "processing_mode": processing_mode(route),
                 "failure_mode_allow": route.failure_mode == "open",
                 "grpc_initial_metadata": [

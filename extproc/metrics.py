@@ -28,6 +28,7 @@ buffers its updates (`Pending`) and writes them every 250 ms, so a request costs
 | adapter_processor_scheduler_plugin_errors_total | counter | profile, plugin, slot (plugin calls that raised and were skipped: a filter keeps all, a scorer adds 0) |
 | adapter_processor_variant_requests_total | counter | route, rollout, arm, outcome (requests of routes with a rollout, `spec.rollouts`, by the arm that served them; counted at `on_done`) |
 | adapter_processor_variant_fallbacks_total | counter | route, rollout, arm (requests assigned an arm whose backend does not serve their model: sent to the route's first candidate) |
+| adapter_processor_latency_seconds | histogram | route, component (envoy, processor_request_headers, processor_request_body, processor_response_headers, processor_response_body, queue, network_rtt, upstream_ttfb, upstream_first_token): latency attribution of routes with `serverTiming` (extproc/attribution.py) |
 | gen_ai_server_request_duration_seconds | histogram | gen_ai_operation_name, gen_ai_provider_name, gen_ai_request_model, server_address, server_port, error_type (OpenTelemetry GenAI conventions: extproc/genai.py) |
 | gen_ai_server_time_to_first_token_seconds | histogram | gen_ai_operation_name, gen_ai_provider_name, gen_ai_request_model, server_address, server_port |
 | gen_ai_server_time_per_output_token_seconds | histogram | gen_ai_operation_name, gen_ai_provider_name, gen_ai_request_model, server_address, server_port |
@@ -55,6 +56,8 @@ GENAI_TOKEN_BUCKETS = tuple(float(4 ** k) for k in range(14))  # 1, 4, 16, ..., 
 GENAI_LABELS = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "server_address",
                 "server_port"]
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# latency attribution: processor phases (tens of us) to a long prefill (seconds)
+ATTRIBUTION_BUCKETS = LATENCY_BUCKETS + (2.5, 5.0, 10.0, 30.0)
 
 
 class ProcessorMetrics:
@@ -120,6 +123,9 @@ class ProcessorMetrics:
                                            "estimate, the backend reported none)",
                                            GENAI_LABELS + ["gen_ai_token_type", "estimated"],
                                            buckets=GENAI_TOKEN_BUCKETS, registry=registry)
+        self.latency = Histogram("adapter_processor_latency_seconds",
+                                 "latency attribution: seconds per component of one request (routes with serverTiming)",
+                                 ["route", "component"], buckets=ATTRIBUTION_BUCKETS, registry=registry)
         self.config_generation = Gauge(f"{ns}_config_generation", "generation of the config snapshot in use",
                                        registry=registry, multiprocess_mode="max")
 

@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from typing import Any, AsyncIterator
 
-from extproc import codec
+from extproc import attribution, codec
 from extproc.config.snapshot import (DEBUG_METADATA_KEY, DIGEST_METADATA_KEY, ROUTE_METADATA_KEY,
                                      TENANT_METADATA_KEY)
 from extproc.errors import reject
@@ -153,6 +153,8 @@ class ExtProcService:
         self.runtime = runtime if runtime is not None else Runtime()
         self.runtime.lifecycle.observers.append(self.observer)
         self.runtime.lifecycle.observers.append(GenAiObserver(metrics, self.observer.pending, self.observer.child))
+        self.runtime.lifecycle.observers.append(attribution.AttributionObserver(metrics, self.observer.pending,
+                                                                                self.observer.child))
         self.runtime.metrics_sink = self.observer  # scheduling profiles time their plugins into `pending`
         if self.runtime.installed is None:
             self.runtime.install(config.current)
@@ -209,6 +211,7 @@ class ExtProcService:
                              runtime=self.runtime)
         lifecycle = self.runtime.lifecycle
         lifecycle.start(state)
+        timing = attribution.start(state)  # routes with serverTiming: per-phase times (extproc/attribution.py)
         dialect = route.dialect if route is not None else "adapter"
         label = route.name if route is not None else "unknown"
         pipeline = route.pipeline if route is not None else None
@@ -269,6 +272,8 @@ class ExtProcService:
                 resp = codec.encode(phase, verdict, dialect, label, state.request_id, metadata)
                 dt = time.perf_counter() - t0
                 busy += dt
+                if timing is not None:
+                    timing.add(msg, t0, dt)
                 pending.observe(self._child(m.phase_duration, label, phase.value), dt)
                 answered = isinstance(verdict, (Reject, Respond))
                 if answered:  # recorded before the reply goes out: Envoy may close the stream right after it

@@ -50,6 +50,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
     """`resolve(name)` says where a file the config names (`openapi`, `mapping`, a bundle) is read from;
     default: relative to the config file (a config bundle passes its own copies). `loaded`: adapter
     bundle ZIPs loaded at run time, oldest first (names for `resolve`)."""
+    from extproc.attribution import pipeline_builder as timed_pipeline
     from extproc.stages import build_pipeline
 
     issues = _Issues(smap, resolve)
@@ -167,7 +168,17 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
             tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping,
             backends=tuple(dict.fromkeys(resolved)), dialect=ks.dialect, picker=picker,
+            server_timing=r.server_timing,
         )
+        if r.server_timing is not None:
+            from extproc.attribution import check_route
+
+            timing_problems = check_route(r.server_timing, kind, kind not in ("passthrough", "kserve"),
+                                          {t.id for t in spec.tenants})
+            for where, why in timing_problems:
+                issue(base + where, why)
+            if timing_problems:
+                continue
         ref = _route_bundle(r.bundle, name, base, bundles, {} if name in armed and r.bundle is None else active,
                             issue)
         if ref is False:
@@ -183,7 +194,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
                 if sched is False:
                     continue
                 route = replace(route, picker=sched)
-        routes[name] = _with_pipeline(route, build_pipeline, base, issue)
+        routes[name] = _with_pipeline(route, timed_pipeline(build_pipeline), base, issue)
 
     arm_bundles: dict[str, dict[str, str]] = {}  # rollout -> arm -> bundle ref
     rollouts = _compile_rollouts(spec.rollouts, routes, {i: r.name or route_name_from_path(r.path)

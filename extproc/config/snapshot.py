@@ -211,6 +211,7 @@ class Route:
     bundle: str | None = None  # "<name>@<version>" of the adapter bundle whose part this route uses
     # bundle arms of its rollout: arm -> this route with that bundle's part (encode/decode use it)
     variants: Mapping[str, "Route"] = field(default_factory=dict, hash=False, compare=False)
+    server_timing: Any = None  # schema.ServerTimingSpec: latency attribution (extproc/attribution.py), None: off
 
     def backend_for_model(self, model: str | None) -> Backend | None:
         """The first target serving `model` (a backend with no models listed serves any)."""

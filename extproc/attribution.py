@@ -1,0 +1,299 @@
+"""Latency attribution: where a request's time went, per component, as metrics and a `Server-Timing` header.
+
+What: on a route with `serverTiming` (docs/attribution.md), every request gets a `Timing`
+(`state.attrs[TIMING_ATTR]`) that the stream feeds once per ext_proc message (`Timing.add`). The
+components (the `component` label of `adapter_processor_latency_seconds{route,component}` and the
+`Server-Timing` metric names):
+- `envoy`: Envoy before the processor: from Envoy's `request.time` attribute (the first byte of the
+  request, sent with the request headers only on these routes) to the processor taking the request
+  headers; listener, HCM, jwt_authn and the ext_proc gRPC hop. Wall clocks of Envoy and the processor:
+  exact on one host, skewed by the clocks' difference across hosts; dropped when negative.
+- `processor_request_headers`, `processor_request_body`, `processor_response_headers`,
+  `processor_response_body`: processor time per phase (all messages of the phase, decode to encode).
+- `queue`: time the request waited in the gateway before dispatch. The gateway has no queue (admission
+  refuses, it never holds a request), so this is 0, recorded so that dashboards have the row.
+- `network_rtt`: the kernel's smoothed TCP RTT to the endpoint that served (`upstream.address`), from the
+  tenant agent's eBPF snapshot (`ebpf/snapshot.py`, the same table `rtt-scorer` reads: the window mean,
+  else the last srtt); absent when the agent is not running, its snapshot is stale, or it has not seen
+  the endpoint.
+- `upstream_ttfb`: from the processor's last request-phase reply (the request released to the router) to
+  the first response message the processor receives: Envoy's router, connection, the network both ways,
+  the engine's queue and (unstreamed) its whole generation, and Envoy handing the headers to ext_proc.
+- `upstream_first_token`: the same start to the first response body chunk with bytes (streamed: an SSE
+  stream's first event, which engines send with the first token; TTFT as the gateway sees it).
+What could not be measured: Envoy's own time after the processor's reply (router, upstream connection
+setup) and before it forwards response messages to the processor is inside the upstream components; Envoy's
+time after the last response message (sending to the client) is not seen at all: the ext_proc filter
+exposes no per-request timings to the processor, and `request.duration` is known only at the end.
+The header: added at response headers (one hook at the end of the route's pipeline; the phase is asked
+of Envoy only on these routes: on `openai` routes, whose streamed responses otherwise skip it, this is one
+more round trip before the first byte). It carries what is known then: `envoy`, the request phases, `queue`,
+`network_rtt`, `upstream_ttfb` and `total` (Envoy's first byte, or the stream's start, to the header);
+the response phases and the first token come later and are in the metrics only (omitted from the header,
+not sent as trailers: HTTP/1.1 clients rarely read trailers). Only `mode: always`, or `trusted` for a
+request whose verified tenant is listed or that carries the configured header, gets it.
+Why: §4.1 of the brief attributes latency to network RTT, the engine and the gateway; an operator needs
+the split per request (the header) and per route over time (the histograms, `adapterctl attribution`).
+Cost: routes without `serverTiming` pay one `is None` check per message; with it, a few float
+additions per message, two clock reads per request phase, and at `on_done` up to nine buffered
+observations.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from extproc.types import Outcome, Phase, RequestState
+
+TIMING_ATTR = "attribution.timing"
+REQUEST_TIME_ATTR = "request.time"  # the Envoy attribute asked for on routes with serverTiming
+HEADER = "server-timing"
+COMPONENTS = ("envoy", "processor_request_headers", "processor_request_body", "processor_response_headers",
+              "processor_response_body", "queue", "network_rtt", "upstream_ttfb", "upstream_first_token")
+PHASE_COMPONENT = {Phase.REQUEST_HEADERS: "processor_request_headers", Phase.REQUEST_BODY: "processor_request_body",
+                   Phase.REQUEST_TRAILERS: "processor_request_body",
+                   Phase.RESPONSE_HEADERS: "processor_response_headers",
+                   Phase.RESPONSE_BODY: "processor_response_body",
+                   Phase.RESPONSE_TRAILERS: "processor_response_body"}
+_REQUEST_PHASES = frozenset({Phase.REQUEST_HEADERS, Phase.REQUEST_BODY, Phase.REQUEST_TRAILERS})
+_PROCESSOR = ("processor_request_headers", "processor_request_body", "processor_response_headers",
+              "processor_response_body")
+
+
+def envoy_time(value: Any) -> float | None:
+    """Envoy's `request.time` attribute as epoch seconds: an RFC 3339 string (how Envoy exports a CEL
+    timestamp), a protobuf Struct with seconds/nanos, or a number; None when it is none of these."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.endswith("Z"):
+            text = text[:-1] + "+00:00"
+        frac = ""
+        if "." in text:  # fromisoformat takes at most 6 fractional digits before 3.11's wider parser
+            head, _, rest = text.partition(".")
+            digits = "".join(c for c in rest if c.isdigit())
+            tail = rest[len(digits):]
+            frac, text = "0." + digits, head + tail
+        try:
+            stamp = datetime.fromisoformat(text).timestamp()
+        except ValueError:
+            return None
+        return stamp + (float(frac) if frac else 0.0)
+    fields = getattr(value, "fields", None)
+    if fields is not None and "seconds" in fields:
+        return fields["seconds"].number_value + fields["nanos"].number_value / 1e9 if "nanos" in fields \
+            else fields["seconds"].number_value
+    return None
+
+
+class Timing:
+    """One request's attribution: fed by the stream (`add`), read by the header hook and `on_done`."""
+
+    __slots__ = ("spec", "processor", "envoy", "released", "started_wall", "trusted_header")
+
+    def __init__(self, spec: Any):
+        self.spec = spec  # the route's ServerTimingSpec
+        self.processor = dict.fromkeys(_PROCESSOR, 0.0)  # component -> seconds (only phases seen stay > 0)
+        self.envoy: float | None = None  # seconds in Envoy before the processor took the request headers
+        self.released: float | None = None  # monotonic: the last request-phase reply
+        self.started_wall: float | None = None  # epoch: Envoy's first byte (request.time), else None
+        self.trusted_header = False  # the request carried spec.header
+
+    def add(self, msg: Any, t0: float, dt: float) -> None:
+        """One ext_proc message took the processor `dt` seconds from `t0` (perf_counter)."""
+        phase = msg.phase
+        self.processor[PHASE_COMPONENT[phase]] += dt
+        if phase in _REQUEST_PHASES:
+            self.released = time.monotonic()
+            if phase is Phase.REQUEST_HEADERS:
+                attrs = msg.attributes
+                start = envoy_time(attrs.get(REQUEST_TIME_ATTR)) if attrs else None
+                if start is not None:
+                    took = time.time() - dt - start  # when the processor began on the headers
+                    self.started_wall = start
+                    self.envoy = took if took >= 0 else None
+                header = self.spec.header
+                if header is not None and msg.headers and msg.headers.get(header) is not None:
+                    self.trusted_header = True
+
+    def trusted(self, state: RequestState) -> bool:
+        spec = self.spec
+        if spec.mode == "always":
+            return True
+        if spec.mode != "trusted":
+            return False
+        return self.trusted_header or (state.tenant is not None and state.tenant in spec.tenants
+                                       and state.tenant in state.snapshot.tenants_by_id)
+
+    def components(self, state: RequestState, rtt: "RttLookup | None") -> dict[str, float]:
+        """Seconds per component known now (absent: not measured for this request)."""
+        out: dict[str, float] = {}
+        if self.envoy is not None:
+            out["envoy"] = self.envoy
+        for name, value in self.processor.items():
+            if value > 0.0:
+                out[name] = value
+        out["queue"] = 0.0  # no gateway queue exists: admission refuses, never holds
+        endpoint = state.served or state.endpoint
+        if rtt is not None and endpoint:
+            r = rtt.seconds(state, endpoint)
+            if r is not None:
+                out["network_rtt"] = r
+        released = self.released
+        if released is not None:
+            if state.first_byte is not None and state.first_byte >= released:
+                out["upstream_ttfb"] = state.first_byte - released
+            if state.first_body is not None and state.first_body >= released:
+                out["upstream_first_token"] = state.first_body - released
+        return out
+
+
+def header_value(components: dict[str, float], total: float | None) -> str:
+    """The W3C Server-Timing value: `name;dur=<ms>` entries, comma-separated, in COMPONENTS order."""
+    parts = []
+    for name in COMPONENTS:
+        value = components.get(name)
+        if value is None:
+            continue
+        entry = f"{name};dur={value * 1000.0:.3f}"
+        if name == "queue":
+            entry += ';desc="no gateway queue"'
+        elif name == "network_rtt":
+            entry += ';desc="ebpf srtt"'
+        parts.append(entry)
+    if total is not None and total >= 0:
+        parts.append(f'total;dur={total * 1000.0:.3f};desc="gateway to response headers"')
+    return ", ".join(parts)
+
+
+class RttLookup:
+    """{endpoint: srtt} from the tenant agent's snapshot, rebuilt once per published snapshot (per worker,
+    in `runtime.cache`)."""
+
+    def __init__(self, stale_after_s: float = 2.0):
+        self.stale_after_s = stale_after_s
+        self._readers: dict[str, Any] = {}
+        self._of: Any = None
+        self._table: dict[str, float] = {}
+
+    def seconds(self, state: RequestState, endpoint: str) -> float | None:
+        tenancy = getattr(state.snapshot, "tenancy", None)
+        path = getattr(tenancy, "snapshot", None)
+        if not path:
+            return None
+        reader = self._readers.get(path)
+        if reader is None:
+            try:
+                from ebpf.snapshot import SnapshotReader
+            except ImportError:  # the agent's package is optional
+                return None
+            reader = self._readers[path] = SnapshotReader(path, stale_after_s=self.stale_after_s)
+        try:
+            snap = reader.current()
+        except Exception:  # noqa: BLE001 - a torn or foreign file is "no RTT", never a failed request
+            return None
+        if snap is None or snap.stale:
+            return None
+        if snap is not self._of:
+            table = {}
+            for u in snap.upstreams:
+                if u.window_count > 0 and u.window_mean_us > 0:
+                    table[u.endpoint] = u.window_mean_us / 1e6
+                elif u.count > 0:
+                    table[u.endpoint] = u.last_srtt_us / 1e6
+            self._of, self._table = snap, table
+        return self._table.get(endpoint)
+
+
+def rtt_lookup(state: RequestState) -> RttLookup | None:
+    runtime = state.runtime
+    if runtime is None:
+        return None
+    cache = runtime.cache("attribution")
+    lookup = cache.get("rtt")
+    if lookup is None:
+        lookup = cache["rtt"] = RttLookup()
+    return lookup
+
+
+def start(state: RequestState) -> Timing | None:
+    """The stream's one check per request: a Timing when the route has `serverTiming`, else None."""
+    route = state.route
+    spec = route.server_timing if route is not None else None
+    if spec is None:
+        return None
+    timing = state.attrs[TIMING_ATTR] = Timing(spec)
+    return timing
+
+
+class ServerTimingStage:
+    """The last stage of a route with `serverTiming` (not `metrics`): adds the header at response headers."""
+
+    name = "server-timing"
+
+    def on_response_headers(self, state: RequestState, msg: Any) -> Any:
+        from extproc.types import CONTINUE, Mutate
+
+        timing = state.attrs.get(TIMING_ATTR)
+        if timing is None or not timing.trusted(state):
+            return CONTINUE
+        components = timing.components(state, rtt_lookup(state))
+        total = (time.time() - timing.started_wall) if timing.started_wall is not None else \
+            time.monotonic() - state.started
+        return Mutate(set_headers=((HEADER, header_value(components, total)),))
+
+
+def pipeline_builder(build: Any) -> Any:
+    """`build(route)` with the server-timing hook appended on routes whose header may be sent."""
+    def build_with_timing(route: Any) -> Any:
+        pipeline = build(route)
+        spec = getattr(route, "server_timing", None)
+        if spec is None or spec.mode == "metrics":
+            return pipeline
+        from extproc.pipeline import Pipeline
+
+        return Pipeline(pipeline.stages + (ServerTimingStage(),))
+    return build_with_timing
+
+
+class AttributionObserver:
+    """Lifecycle observer: one observation per measured component into
+    `adapter_processor_latency_seconds{route,component}` (buffered in `pending`)."""
+
+    def __init__(self, metrics: Any, pending: Any, child: Any):
+        self.metrics = metrics
+        self.pending = pending
+        self.child = child
+
+    def __call__(self, state: RequestState, outcome: Outcome) -> None:
+        timing = state.attrs.get(TIMING_ATTR)
+        if timing is None or state.route is None:
+            return
+        route = state.route.name
+        metric, child, pending = self.metrics.latency, self.child, self.pending
+        for name, value in timing.components(state, rtt_lookup(state)).items():
+            pending.observe(child(metric, route, name), value)
+
+
+def check_route(spec: Any, kind: str, reads_response: bool, tenant_ids: set[str]) -> list[tuple[tuple, str]]:
+    """Config problems of a route's `serverTiming` as (field path under the route, reason)."""
+    problems: list[tuple[tuple, str]] = []
+    if spec is None:
+        return problems
+    if not reads_response and kind in ("passthrough", "kserve"):
+        problems.append((("serverTiming",), f"a {kind} route's ext_proc stream ends at the request headers: "
+                         "the processor never sees its response, so it can neither time the upstream nor add the "
+                         "header; use an openai, llm, tensor, tool or rest route"))
+    for j, tenant in enumerate(spec.tenants):
+        if tenant not in tenant_ids:
+            problems.append((("serverTiming", "tenants", j), f"unknown tenant {tenant!r} (not in spec.tenants)"))
+    return problems
+
+
+__all__ = ["Timing", "ServerTimingStage", "AttributionObserver", "RttLookup", "header_value", "envoy_time",
+           "start", "pipeline_builder", "check_route", "COMPONENTS", "TIMING_ATTR", "HEADER"]
