@@ -9,7 +9,11 @@ What: a stage returns `Reject(status, code, message, fields, retry_after)` (`ext
 - `kserve` (kserve routes; the KServe v2 error object tritonclient reports):
   `{"error": "<message>"}`, with the code in the `x-adapter-error` header;
 - `tool` (tool routes): like `adapter`; a JSON-RPC (MCP) call gets a JSON-RPC error object
-  (`{"jsonrpc": "2.0", "id", "error": {"code", "message", "data"}}`) when the stage marked it.
+  (`{"jsonrpc": "2.0", "id", "error": {"code", "message", "data"}}`) when the stage marked it;
+- `anthropic` (anthropic-messages routes; what the `anthropic` client raises as `APIStatusError`):
+  `{"type": "error", "error": {"type", "message"}, "request_id"}`, the type from the status
+  (`extproc/apis/anthropic_messages.error_type`: 400 invalid_request_error, 404 not_found_error,
+  429 rate_limit_error, 503 overloaded_error, 5xx api_error, ...).
 The dialect is the route kind's (`extproc/kinds.py`), never the stage's choice, so a generic
 stage (admission, shedding, dispatch) answers every client in its own API's terms.
 Cost: one small dict and one orjson encode per error; nothing on successful requests.
@@ -23,7 +27,7 @@ import orjson
 
 from extproc.types import Reject
 
-DIALECTS = ("adapter", "openai", "kserve", "tool")
+DIALECTS = ("adapter", "openai", "kserve", "tool", "anthropic")
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "invalid_request_error", 409: "conflict_error", 413: "invalid_request_error",
@@ -70,9 +74,15 @@ def _tool(err: Reject, route: str | None, request_id: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rpc_id, "error": {"code": code, "message": err.message, "data": data}}
 
 
+def _anthropic(err: Reject, route: str | None, request_id: str) -> dict[str, Any]:
+    from extproc.apis.anthropic_messages import error_body
+
+    return error_body(err.status, err.message, request_id)
+
+
 _MISSING = object()
 _RENDERERS: dict[str, Callable[[Reject, str | None, str], dict[str, Any]]] = {
-    "adapter": _adapter, "openai": _openai, "kserve": _kserve, "tool": _tool}
+    "adapter": _adapter, "openai": _openai, "kserve": _kserve, "tool": _tool, "anthropic": _anthropic}
 
 
 def render(dialect: str, err: Reject, route: str | None = None, request_id: str = "") -> bytes:

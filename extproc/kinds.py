@@ -19,6 +19,8 @@ pipeline's hooks use are exactly what Envoy is configured to send for the route.
 | tensor | like llm, with model-metadata before encode-request | adapter |
 | tool | admit, body-limit / tool-call, dispatch / tool-call | tool |
 | rest | like llm, the body mapped by the route's mapping file both ways | adapter |
+| anthropic-messages | admit, body-limit, anthropic-messages / anthropic-messages, dispatch / anthropic-messages (streamed) | anthropic |
+| openai-responses | admit, body-limit, openai-responses / openai-responses, dispatch / openai-responses (streamed) | openai |
 | health | health / - / - | adapter |
 
 Why: one spec per kind instead of if-chains over five files (schema, compile, stages, cli); a
@@ -101,6 +103,20 @@ def _tool(route: Any) -> list[Any]:
     return [*_front(), ToolCall(), DispatchAtBody()]
 
 
+def _anthropic_messages(route: Any) -> list[Any]:
+    from extproc.stages.client_api import anthropic_messages
+    from extproc.stages.dispatch import DispatchAtBody
+
+    return [*_front(), anthropic_messages(), DispatchAtBody()]
+
+
+def _openai_responses(route: Any) -> list[Any]:
+    from extproc.stages.client_api import openai_responses
+    from extproc.stages.dispatch import DispatchAtBody
+
+    return [*_front(), openai_responses(), DispatchAtBody()]
+
+
 def _health(route: Any) -> list[Any]:
     from extproc.stages.health import Health
 
@@ -122,6 +138,10 @@ def kind_specs() -> Mapping[str, KindSpec]:
                  doc="LLM tool calls executed on an OpenAPI-described REST service"),  # pragma: no mutate
         KindSpec("rest", _rest_stages(), api="rest", templates=True, mapping=True,
                  doc="a REST service, the body mapped by a field-mapping file both ways"),  # pragma: no mutate
+        KindSpec("anthropic-messages", _anthropic_messages, api="openai", dialect="anthropic", multi_target=True,
+                 prefix=False, doc="the Anthropic Messages API served on chat-completion backends"),  # pragma: no mutate
+        KindSpec("openai-responses", _openai_responses, api="openai", dialect="openai", multi_target=True,
+                 prefix=False, doc="the OpenAI Responses API served on chat-completion backends"),  # pragma: no mutate
         KindSpec("health", _health, prefix=False, doc="the processor's health and protocol-negotiation probe"),
     )
     return MappingProxyType({s.name: s for s in specs})

@@ -199,7 +199,8 @@ class RoutePolicy(_Model):
     timeout: Duration = 60.0  # upstream request timeout (Envoy route timeout)
 
 
-RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest"]
+RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",
+                    "openai-responses"]
 
 
 class ServerTimingSpec(_Model):
