@@ -38,6 +38,8 @@ spec:
        request: '{"features": [$.features]}', transform: '{"p": $.output.scores[0][1]}'}
     - {path: /tools/pets, name: tool, kind: tool, target: svc, openapi: pets.yaml}
     - {path: /orders, name: rest, kind: rest, target: svc, mapping: orders-mapping.yaml}
+    - {path: /v1/messages, name: anthropic-messages, kind: anthropic-messages, target: llm}
+    - {path: /v1/responses, name: openai-responses, kind: openai-responses, target: llm}
 """
 
 # The table in extproc/kinds.py's docstring, stage by stage and phase by phase.
@@ -54,9 +56,14 @@ STAGES = {
     "rest": {RH: ["admit", "body-limit"], RB: ["parse-json", "dispatch", "encode-request"],
              PH: ["decode-response"], PB: ["decode-response"]},
     "health": {RH: ["health"]},
+    "anthropic-messages": {RH: ["admit", "body-limit", "anthropic-messages"], RB: ["anthropic-messages", "dispatch"],
+                           PH: ["anthropic-messages"], PB: ["anthropic-messages"]},
+    "openai-responses": {RH: ["admit", "body-limit", "openai-responses"], RB: ["openai-responses", "dispatch"],
+                         PH: ["openai-responses"], PB: ["openai-responses"]},
 }
 DIALECT = {"llm": "adapter", "passthrough": "adapter", "openai": "openai", "kserve": "kserve", "tensor": "adapter",
-           "tool": "tool", "rest": "adapter", "health": "adapter"}
+           "tool": "tool", "rest": "adapter", "health": "adapter", "anthropic-messages": "anthropic",
+           "openai-responses": "openai"}
 # What Envoy is told per kind (ExtProcPerRoute processing_mode): the round trips a request costs.
 MODES = {
     "llm": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
@@ -67,6 +74,9 @@ MODES = {
     "tool": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
     "rest": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
     "health": ("SEND", "SKIP", "NONE", "NONE"),
+    # the translations rewrite the response: its headers (content-length) and each streamed chunk
+    "anthropic-messages": ("SEND", "SEND", "BUFFERED", "STREAMED"),
+    "openai-responses": ("SEND", "SEND", "BUFFERED", "STREAMED"),
 }
 
 
@@ -86,7 +96,8 @@ def route_of(snap, kind: str):
 
 def test_every_route_kind_has_a_spec_and_every_spec_a_kind():
     literals = set(typing.get_args(RouteKind))
-    assert literals == {"llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest"}
+    assert literals == {"llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",
+                        "openai-responses"}
     assert set(kind_specs()) == literals | {"health"}
     # the schema's field uses that literal (a kind added to one and not the other is caught here)
     assert typing.get_args(RouteSpec.model_fields["kind"].annotation)[0] is RouteKind
@@ -123,7 +134,7 @@ def test_pipeline_stages_per_phase_in_order(snap, kind):
 
 @pytest.mark.parametrize("kind", sorted(STAGES))
 def test_only_openai_streams_its_response(snap, kind):
-    expected = frozenset({PB}) if kind == "openai" else frozenset()
+    expected = frozenset({PB}) if kind in ("openai", "anthropic-messages", "openai-responses") else frozenset()
     assert route_of(snap, kind).pipeline.streamed == expected
 
 
@@ -142,15 +153,16 @@ def test_dialect_per_kind(snap, kind):
 
 def test_kind_properties():
     ks = kind_specs()
-    assert {k for k, s in ks.items() if s.multi_target} == {"openai", "kserve"}
+    assert {k for k, s in ks.items() if s.multi_target} == {"openai", "kserve", "anthropic-messages", "openai-responses"}
     assert {k for k, s in ks.items() if s.needs_model} == {"llm", "tensor"}
-    assert {k for k, s in ks.items() if not s.prefix} == {"llm", "tensor", "health"}
+    assert {k for k, s in ks.items() if not s.prefix} == {"llm", "tensor", "health", "anthropic-messages",
+                                                          "openai-responses"}
     assert {k for k, s in ks.items() if s.templates} == {"llm", "tensor", "tool", "rest"}
     assert {k for k, s in ks.items() if s.openapi} == {"tool"}
     assert {k for k, s in ks.items() if s.mapping} == {"rest"}
     assert {k: s.api for k, s in ks.items()} == {
         "llm": "openai", "passthrough": None, "openai": "openai", "kserve": "kserve", "tensor": "kserve",
-        "tool": "rest", "rest": "rest", "health": None}
+        "tool": "rest", "rest": "rest", "health": None, "anthropic-messages": "openai", "openai-responses": "openai"}
 
 
 def test_default_kind_is_llm_with_templates_and_passthrough_without():
