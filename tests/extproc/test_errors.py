@@ -157,13 +157,27 @@ def test_unknown_dialect_falls_back_to_adapter():
     assert render("klingon", err, "r1", "rid-1") == render("adapter", err, "r1", "rid-1")
 
 
-def test_dialects_are_the_four_renderers():
+def test_dialects_are_the_five_renderers():
     err = reject(400, "c", "m")
-    assert DIALECTS == ("adapter", "openai", "kserve", "tool")
-    assert len({render(d, err, "r", "i") for d in ("adapter", "openai", "kserve")}) == 3
+    assert DIALECTS == ("adapter", "openai", "kserve", "tool", "anthropic")
+    assert len({render(d, err, "r", "i") for d in ("adapter", "openai", "kserve", "anthropic")}) == 4
 
 
-@pytest.mark.parametrize("dialect", ["adapter", "openai", "kserve", "tool"])
+# --- anthropic (anthropic-messages routes) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, kind", [(400, "invalid_request_error"), (401, "authentication_error"),
+                                          (403, "permission_error"), (404, "not_found_error"),
+                                          (413, "request_too_large"), (429, "rate_limit_error"),
+                                          (500, "api_error"), (502, "api_error"), (503, "overloaded_error"),
+                                          (504, "timeout_error"), (529, "overloaded_error")])
+def test_anthropic_body_is_the_messages_api_error_object(status, kind):
+    err = reject(status, "some_code", "what went wrong", limit=3)
+    assert body("anthropic", err) == {"type": "error", "error": {"type": kind, "message": "what went wrong"},
+                                      "request_id": "rid-1"}
+
+
+@pytest.mark.parametrize("dialect", ["adapter", "openai", "kserve", "tool", "anthropic"])
 def test_codec_renders_the_given_dialect_and_sets_retry_after_and_error_header(dialect):
     err = reject(429, "tenant_over_quota", "over quota", retry_after=5)
     ir = codec.encode(Phase.REQUEST_HEADERS, err, dialect, "r1", "rid-1").immediate_response
