@@ -102,6 +102,33 @@ class Pipeline:
             result = verdict if result is CONTINUE else result.merge(verdict)  # type: ignore[union-attr]
         return result
 
+    async def run_traced(self, state: RequestState, msg: HttpMessage, trace: Any, ctx: Any) -> Verdict:
+        """`run` with a span per stage hook under the phase span's context `ctx` (extproc/tracing.py:
+        only sampled requests of a config with `spec.tracing` come here; `run` stays span-free)."""
+        hooks = self._hooks.get(msg.phase)
+        if not hooks:
+            return CONTINUE
+        result: Verdict = CONTINUE
+        phase = msg.phase
+        for name, fn, is_async in hooks:
+            span = trace.stage_start(name, phase, ctx)
+            try:
+                verdict = await fn(state, msg) if is_async else fn(state, msg)
+            except Exception as e:  # as in run: the client gets a 500
+                trace.stage_end(span, error=e)
+                log.exception("stage %s failed in %s", name, msg.phase.value)
+                return reject(500, "stage_error", f"internal error in stage {name}")
+            except BaseException as e:  # cancelled: the span ends, the cancellation goes on
+                trace.stage_end(span, error=e)
+                raise
+            trace.stage_end(span, verdict)
+            if verdict is None or verdict is CONTINUE:
+                continue
+            if isinstance(verdict, (Reject, Respond)):
+                return verdict
+            result = verdict if result is CONTINUE else result.merge(verdict)  # type: ignore[union-attr]
+        return result
+
     def start(self, state: RequestState) -> None:
         for name, fn in self._starts:
             try:

@@ -46,6 +46,7 @@ from canary.feed import FeedObserver, FeedWriter
 from extproc.config.snapshot import ProfileRef
 from extproc.datalayer.inflight import InflightTable
 from extproc.lifecycle import Lifecycle
+from extproc.qos.engine import QosRuntime, qos_of
 from extproc.requestlog import RequestLog
 from extproc.scheduling.signals import EngineSignals, scrape_targets
 from extproc.stages.dispatch import release
@@ -77,6 +78,8 @@ class Runtime:
         self.signals = EngineSignals(inflight=self.inflight.get)  # engine metrics per endpoint (scraped)
         self.scrape_targets: dict[str, tuple[str, str]] = {}  # what install chose for `signals`
         self._signals_started = False
+        # extproc/qos/engine.py: SLO windows, the priority matrix and glitch breakers (spec.qos; idle without it)
+        self.qos = QosRuntime(worker, state_dir)
 
     def cache(self, name: str) -> dict:
         """A dict that lives as long as the worker (stages keep what a reload must not lose here)."""
@@ -118,6 +121,7 @@ class Runtime:
                 self._build_profile(pref)
             else:
                 prof.configure(prof.ref, pref)
+        self.qos.configure(qos_of(snapshot))
         self.installed = snapshot
         self.scrape_targets = scrape_targets(snapshot)
         if self._signals_started:

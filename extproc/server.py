@@ -162,6 +162,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         await runtime.stop_signals()
         runtime.lifecycle.close()  # requests still open or waiting for Envoy's entry end here
         service.flush_metrics()
+        await runtime.stop_tracing()  # queued spans exported, bounded by spec.tracing.exportTimeout
         log.info("worker %d stopped", settings.index)
 
 

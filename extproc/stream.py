@@ -222,6 +222,9 @@ class ExtProcService:
         last_phase = pipeline.last if pipeline is not None else None
         feedback = (lifecycle.feedback and snap.processor.feedback == "accessLog" and pipeline is not None
                     and not pipeline.reads_response)
+        # spec.tracing on (extproc/tracing.py): the stream's spans, parented on Envoy's traceparent; off: None
+        tracing = self.runtime.tracing
+        trace = tracing.stream(context.invocation_metadata(), state) if tracing is not None else None
         m = self.metrics
         pending = self._pending
         m.streams_active.inc()
@@ -261,7 +264,7 @@ class ExtProcService:
                                 state.attrs[name] = value
                         if msg.claims is not None:  # a rollout keys on a verified JWT claim
                             state.attrs[CLAIMS_ATTR] = msg.claims
-                    verdict = await pipeline.run(state, msg)
+                    verdict = await (pipeline.run(state, msg) if trace is None else trace.phase(pipeline, state, msg))
                     if (phase is last_phase and (msg.end_of_stream or phase is not _RESPONSE_BODY)) or \
                             (phase is _RESPONSE_HEADERS and isinstance(verdict, Mutate) and verdict.skip_body):
                         state.complete = True

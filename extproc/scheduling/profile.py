@@ -32,6 +32,9 @@ Explanation (`explain: true` on the profile): one JSON line per decision on logg
 token, route, backend, model, profile, the candidates, what each filter kept, each scorer's weight,
 raw and normalised scores, the totals, the pick and its fallbacks (or the refusal); the same dict
 is stored in `state.attrs["decision"]` for later log and trace consumers.
+Tracing (`spec.tracing`, extproc/tracing.py): a sampled request's decision is a span
+`scheduling decision` under the dispatch stage's span, with the profile, the backend, the number of
+candidates, the chosen endpoint and fallbacks (or the refusal) as attributes.
 Why: the GIE endpoint picker's shape (filters, scorers normalised by the framework, a picker),
 with the framework doing the timing, the normalisation and the error isolation so that a plugin is
 one small file with one formula.
@@ -49,6 +52,7 @@ from typing import Any, Mapping
 import orjson
 
 from extproc.scheduling import NoCapacity, SchedulingContext
+from extproc.tracing import TRACE_ATTR
 
 log = logging.getLogger(__name__)
 decision_log = logging.getLogger("extproc.scheduling.decision")
@@ -160,6 +164,9 @@ class SchedulingProfile:
                        "route": state.route.name if state.route is not None else None, "backend": backend.name,
                        "model": request.model if request is not None else None, "profile": self.name,
                        "candidates": list(endpoints), "filters": [], "scorers": []}
+        trace = state.attrs.get(TRACE_ATTR)  # extproc/tracing.py: only a sampled request of a traced config has one
+        span = trace.decision_start(self.name, backend.name, len(endpoints)) if trace is not None else None
+        picks: tuple[str, ...] = ()
         try:
             candidates = tuple(endpoints)
             for name, f in self.filters:
@@ -224,7 +231,14 @@ class SchedulingProfile:
                     except Exception:
                         self._failed(name, slot, pending, children, "its picked() hook failed; the pick stands")
             return picks
+        except NoCapacity as e:
+            if span is not None:
+                trace.decision_end(span, None, e)
+                span = None
+            raise
         finally:
+            if span is not None:
+                trace.decision_end(span, picks, None)
             if pending is not None:
                 pending.observe(self._decision_child, (perf_counter_ns() - t_start) * 1e-9)
             if explain is not None:
