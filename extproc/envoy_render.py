@@ -22,7 +22,8 @@ What the generated config does:
 - one gRPC access logger per worker sends each worker the log entries of the requests it served
   (dynamic metadata `adapter.worker`), to cluster `adapter_als_<i>` (that worker's gRPC server);
 - a route with a canary rollout adds `x-adapter-variant: <rollout>/<arm>` to its responses from the
-  dynamic metadata `adapter.variant` the processor sets at dispatch;
+  dynamic metadata `adapter.variant` the processor sets at dispatch; with tenant budgets every route
+  adds OpenAI's `x-ratelimit-*` headers from `adapter.ratelimit_*` (extproc/stages/token_budget.py);
 - every route sends the config digest (`x-adapter-config-digest`) with its gRPC initial metadata,
   so a worker can tell which config Envoy routed a request by;
 - `failureMode: closed` answers 503 when the processor is unreachable; `open` passes the request
@@ -224,6 +225,17 @@ def _variant_header(route: Route) -> dict[str, Any]:
                    "value": f"%DYNAMIC_METADATA({VARIANT_METADATA_NAMESPACE}:{VARIANT_METADATA_KEY})%"},
         "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
     }]}
+
+
+def _ratelimit_headers() -> list[dict[str, Any]]:
+    """With tenant budgets (`spec.tenants[].budget`), OpenAI's six `x-ratelimit-*` response headers from the
+    dynamic metadata `adapter.ratelimit_*` the token-budget stage sets (extproc/stages/token_budget.py);
+    Envoy leaves a header out when its value is empty (a tenant without a budget: the backend's own pass)."""
+    from extproc.qos.budget import HEADER_NAMES, HEADER_PREFIX, METADATA_NAMESPACE, metadata_key
+
+    return [{"header": {"key": HEADER_PREFIX + name,
+                        "value": f"%DYNAMIC_METADATA({METADATA_NAMESPACE}:{metadata_key(name)})%"},
+             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"} for name in HEADER_NAMES]
 
 
 def _client_route(route: Route, tenant_header: str, digest: str) -> dict[str, Any]:
@@ -440,9 +452,13 @@ def route_configuration(snap: Snapshot) -> dict[str, Any]:
     routes = list(snap.routes.values())
     tenant_header = snap.tenancy.header
     entries: list[dict[str, Any]] = []
+    budgets = any(getattr(t, "budget", None) is not None for t in snap.tenants)
     for r in routes:
         for b in r.backends:
-            entries.append(_backend_route(r, b, tenant_header, snap.digest))
+            entry = _backend_route(r, b, tenant_header, snap.digest)
+            if budgets:
+                entry.setdefault("response_headers_to_add", []).extend(_ratelimit_headers())
+            entries.append(entry)
     ordered = sorted(routes, key=lambda r: (r.match == "prefix", -len(r.path) if r.match == "prefix" else 0))
     for r in ordered:
         entries.append(_client_route(r, tenant_header, snap.digest))

@@ -6,18 +6,19 @@ must speak, whether it takes several targets, a prefix match, templates (`reques
 `dialect` (`extproc/errors.py`) and `stages(route)`, its pipeline. `kind_specs()` is the explicit
 registry; `extproc/config/compile.py` validates routes against their spec and builds pipelines
 from it; nothing else branches on a route's kind.
-Every inference route starts with `admit` (tenant identity and quota) and `body-limit`; `dispatch`
+Every inference route starts with `admit` (tenant identity and quota) and `body-limit`, and runs
+`token-budget` (tenant budgets, `extproc/stages/token_budget.py`) just before `dispatch`; `dispatch`
 (`extproc/stages/dispatch.py`) is where every kind sends its request to a backend. The phases a
 pipeline's hooks use are exactly what Envoy is configured to send for the route.
 
 | kind | stages (request headers / request body / response) | dialect |
 |---|---|---|
-| llm | admit, body-limit / parse-json, dispatch, encode-request / decode-response | adapter |
-| passthrough | admit, body-limit, dispatch / - / - | adapter |
-| openai | admit, body-limit, openai-parse, dispatch (bodiless) / openai-parse, dispatch / openai-usage (streamed) | openai |
-| kserve | admit, body-limit, kserve-parse, dispatch / - / - | kserve |
+| llm | admit, body-limit / parse-json, token-budget, dispatch, encode-request / decode-response | adapter |
+| passthrough | admit, body-limit, token-budget, dispatch / - / - | adapter |
+| openai | admit, body-limit, openai-parse, dispatch (bodiless) / openai-parse, token-budget, dispatch / openai-usage (streamed) | openai |
+| kserve | admit, body-limit, kserve-parse, token-budget, dispatch / - / - | kserve |
 | tensor | like llm, with model-metadata before encode-request | adapter |
-| tool | admit, body-limit / tool-call, dispatch / tool-call | tool |
+| tool | admit, body-limit / tool-call, token-budget, dispatch / tool-call | tool |
 | rest | like llm, the body mapped by the route's mapping file both ways | adapter |
 | anthropic-messages | admit, body-limit, anthropic-messages / anthropic-messages, dispatch / anthropic-messages (streamed) | anthropic |
 | openai-responses | admit, body-limit, openai-responses / openai-responses, dispatch / openai-responses (streamed) | openai |
@@ -58,49 +59,57 @@ def _front() -> list[Any]:
 
 
 def _llm(route: Any) -> list[Any]:
+    from extproc.stages.token_budget import TokenBudgetAtBody
     from extproc.stages.decode_response import DecodeResponse
     from extproc.stages.dispatch import DispatchAtBody
     from extproc.stages.encode_request import EncodeRequest
     from extproc.stages.parse_json import ParseJson
 
-    return [*_front(), ParseJson(), DispatchAtBody(), EncodeRequest(), DecodeResponse()]
+    return [*_front(), ParseJson(), TokenBudgetAtBody(), DispatchAtBody(), EncodeRequest(), DecodeResponse()]
 
 
 def _tensor(route: Any) -> list[Any]:
+    from extproc.stages.token_budget import TokenBudgetAtBody
     from extproc.stages.decode_response import DecodeResponse
     from extproc.stages.dispatch import DispatchAtBody
     from extproc.stages.encode_request import EncodeRequest
     from extproc.stages.model_metadata import ModelMetadata
     from extproc.stages.parse_json import ParseJson
 
-    return [*_front(), ParseJson(), DispatchAtBody(), ModelMetadata(), EncodeRequest(), DecodeResponse()]
+    return [*_front(), ParseJson(), TokenBudgetAtBody(), DispatchAtBody(), ModelMetadata(), EncodeRequest(),
+            DecodeResponse()]
 
 
 def _passthrough(route: Any) -> list[Any]:
+    from extproc.stages.token_budget import TokenBudgetAtHeaders
     from extproc.stages.dispatch import DispatchAtHeaders
 
-    return [*_front(), DispatchAtHeaders()]
+    return [*_front(), TokenBudgetAtHeaders(), DispatchAtHeaders()]
 
 
 def _openai(route: Any) -> list[Any]:
+    from extproc.stages.token_budget import TokenBudgetAtBody
     from extproc.stages.dispatch import DispatchAtBody, DispatchAtHeaders
     from extproc.stages.openai_api import OpenAIParse, OpenAIUsage
 
-    return [*_front(), OpenAIParse(), DispatchAtHeaders(only_without_body=True), DispatchAtBody(), OpenAIUsage()]
+    return [*_front(), OpenAIParse(), DispatchAtHeaders(only_without_body=True), TokenBudgetAtBody(), DispatchAtBody(),
+            OpenAIUsage()]
 
 
 def _kserve(route: Any) -> list[Any]:
+    from extproc.stages.token_budget import TokenBudgetAtHeaders
     from extproc.stages.dispatch import DispatchAtHeaders
     from extproc.stages.kserve_dispatch import KServeParse
 
-    return [*_front(), KServeParse(), DispatchAtHeaders()]
+    return [*_front(), KServeParse(), TokenBudgetAtHeaders(), DispatchAtHeaders()]
 
 
 def _tool(route: Any) -> list[Any]:
+    from extproc.stages.token_budget import TokenBudgetAtBody
     from extproc.stages.dispatch import DispatchAtBody
     from extproc.stages.tool_call import ToolCall
 
-    return [*_front(), ToolCall(), DispatchAtBody()]
+    return [*_front(), ToolCall(), TokenBudgetAtBody(), DispatchAtBody()]
 
 
 def _anthropic_messages(route: Any) -> list[Any]:

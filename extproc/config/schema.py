@@ -308,9 +308,54 @@ class TenantCpu(_Model):
     burst: Annotated[float, Field(ge=0, le=10)] = 0.0  # extra share of limit tolerated before 429
 
 
+class TenantBudget(_Model):
+    """A tenant's request and token budget per UTC minute and day (extproc/qos/budget.py, docs/qos-budgets.md)."""
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1)] | None = None
+    requests_per_day: Annotated[int, Field(ge=1)] | None = None
+    tokens_per_day: Annotated[int, Field(ge=1)] | None = None
+    # charged at admission for requests without max_tokens (reconciled from usage afterwards)
+    estimated_completion_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = 256
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TenantBudget":
+        if None is self.requests_per_minute is self.tokens_per_minute is self.requests_per_day is self.tokens_per_day:
+            raise ValueError("a budget needs at least one of requestsPerMinute, tokensPerMinute, requestsPerDay, "
+                             "tokensPerDay")
+        for unit in ("requests", "tokens"):
+            minute, day = getattr(self, f"{unit}_per_minute"), getattr(self, f"{unit}_per_day")
+            if minute is not None and day is not None and day < minute:
+                raise FieldError(f"{unit}PerDay", f"{unit}PerDay ({day}) is below {unit}PerMinute ({minute}): "
+                                 "the minute limit could never be reached")
+        return self
+
+
+class BudgetStoreSpec(_Model):
+    """Where tenant budgets are counted: `memory` (this machine's workers share one table) or `redis`
+    (every replica pointing at the same Redis shares one budget)."""
+    kind: Literal["memory", "redis"] = "memory"
+    url: str | None = None  # redis://host:port[/db], rediss://... or unix:///path (kind redis)
+    key_prefix: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9:_.-]+$")] = "adapter-gateway:budget"
+    timeout: Duration = 0.25  # per Redis operation; past it the store counts as down
+    failure_mode: Literal["open", "closed"] = "open"  # store down: admit uncounted (open) or 503 (closed)
+
+    @model_validator(mode="after")
+    def _url(self) -> "BudgetStoreSpec":
+        if self.kind == "redis":
+            if not self.url:
+                raise FieldError("url", "kind: redis needs a url, e.g. redis://127.0.0.1:6379/0")
+            if not self.url.startswith(("redis://", "rediss://", "unix://")):
+                raise FieldError("url", f"{self.url!r} is not a Redis URL (redis://, rediss:// or unix://)")
+        elif self.url is not None:
+            raise FieldError("url", "a url is only used with kind: redis (kind memory counts in this machine's "
+                             "shared memory)")
+        return self
+
+
 class TenantSpec(_Model):
     id: Annotated[str, Field(pattern=DNS_LABEL)]
     cpu: TenantCpu | None = None
+    budget: TenantBudget | None = None  # requests and tokens per minute and day (docs/qos-budgets.md)
     # Command-line glob patterns (fnmatch) of this tenant's workload processes, e.g. its own ONNX
     # Runtime server: the tenant agent places matching processes in the tenant's cgroups.
     processes: tuple[Annotated[str, Field(min_length=1)], ...] = ()
@@ -568,6 +613,7 @@ class GatewaySpec(_Model):
     routes: tuple[RouteSpec, ...] = ()  # at least one, unless `epp` is set
     tenants: tuple[TenantSpec, ...] = ()
     tenancy: TenancySpec = TenancySpec()
+    budget_store: BudgetStoreSpec = BudgetStoreSpec()  # where tenants' budgets are counted
     plugins: tuple[PluginSpec, ...] = ()
     scheduling_profiles: tuple[SchedulingProfileSpec, ...] = ()
     epp: EppSpec | None = None  # EPP mode (a Gateway API InferencePool's endpoint picker)

@@ -44,16 +44,16 @@ spec:
 
 # The table in extproc/kinds.py's docstring, stage by stage and phase by phase.
 STAGES = {
-    "llm": {RH: ["admit", "body-limit"], RB: ["parse-json", "dispatch", "encode-request"],
+    "llm": {RH: ["admit", "body-limit"], RB: ["parse-json", "token-budget", "dispatch", "encode-request"],
             PH: ["decode-response"], PB: ["decode-response"]},
-    "passthrough": {RH: ["admit", "body-limit", "dispatch"]},
-    "openai": {RH: ["admit", "body-limit", "openai-parse", "dispatch"], RB: ["openai-parse", "dispatch"],
+    "passthrough": {RH: ["admit", "body-limit", "token-budget", "dispatch"]},
+    "openai": {RH: ["admit", "body-limit", "openai-parse", "dispatch"], RB: ["openai-parse", "token-budget", "dispatch"],
                PB: ["openai-usage"]},
-    "kserve": {RH: ["admit", "body-limit", "kserve-parse", "dispatch"]},
-    "tensor": {RH: ["admit", "body-limit"], RB: ["parse-json", "dispatch", "model-metadata", "encode-request"],
+    "kserve": {RH: ["admit", "body-limit", "kserve-parse", "token-budget", "dispatch"]},
+    "tensor": {RH: ["admit", "body-limit"], RB: ["parse-json", "token-budget", "dispatch", "model-metadata", "encode-request"],
                PH: ["decode-response"], PB: ["decode-response"]},
-    "tool": {RH: ["admit", "body-limit"], RB: ["tool-call", "dispatch"], PH: ["tool-call"], PB: ["tool-call"]},
-    "rest": {RH: ["admit", "body-limit"], RB: ["parse-json", "dispatch", "encode-request"],
+    "tool": {RH: ["admit", "body-limit"], RB: ["tool-call", "token-budget", "dispatch"], PH: ["tool-call"], PB: ["tool-call"]},
+    "rest": {RH: ["admit", "body-limit"], RB: ["parse-json", "token-budget", "dispatch", "encode-request"],
              PH: ["decode-response"], PB: ["decode-response"]},
     "health": {RH: ["health"]},
     "anthropic-messages": {RH: ["admit", "body-limit", "anthropic-messages"], RB: ["anthropic-messages", "dispatch"],
