@@ -22,6 +22,7 @@ the service's `RequestObserver`, buffered) and the worker's start time. Stages r
 | scheduling profiles | `Runtime._profiles` | worker lifetime, rebound on reload | no |
 | caches (model metadata, tenant snapshot reader) | `Runtime.cache(name)` | worker lifetime | no |
 | engine metrics per endpoint (queue, KV, LoRA; age) | `Runtime.signals` (`extproc/scheduling/signals.py`, a `MetricsScraper`) | worker lifetime; endpoints re-chosen on every install | no: each worker scrapes on its own |
+| tracer provider (`spec.tracing`: OTLP export thread) | `Runtime.tracing` (`extproc/tracing.py`; None when off) | while the spec is unchanged; replaced or dropped by an install | no: each worker exports its own spans |
 
 Engine signals: `signals` is the worker's one scraper. `install` sets its endpoints to
 `scrape_targets(snapshot)` (the endpoints of routes whose profile uses a plugin that consumes
@@ -38,6 +39,7 @@ Cost: nothing per request beyond what the lifecycle and in-flight table say; `in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any, Callable, Iterable
@@ -50,6 +52,7 @@ from extproc.qos.engine import QosRuntime, qos_of
 from extproc.requestlog import RequestLog
 from extproc.scheduling.signals import EngineSignals, scrape_targets
 from extproc.stages.dispatch import release
+from extproc.tracing import configure as configure_tracing
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,9 @@ class Runtime:
         self._signals_started = False
         # extproc/qos/engine.py: SLO windows, the priority matrix and glitch breakers (spec.qos; idle without it)
         self.qos = QosRuntime(worker, state_dir)
+        # extproc/tracing.py: the worker's tracer provider for the installed snapshot's spec.tracing;
+        # None when tracing is off (streams check it once: no span, no OpenTelemetry import)
+        self.tracing: Any = None
 
     def cache(self, name: str) -> dict:
         """A dict that lives as long as the worker (stages keep what a reload must not lose here)."""
@@ -124,6 +130,9 @@ class Runtime:
         self.qos.configure(qos_of(snapshot))
         self.installed = snapshot
         self.scrape_targets = scrape_targets(snapshot)
+        spec = getattr(snapshot, "spec", None)
+        self.tracing = configure_tracing(self.tracing, getattr(getattr(spec, "spec", None), "tracing", None),
+                                         self.worker)
         if self._signals_started:
             self._apply_targets()
 
@@ -144,6 +153,16 @@ class Runtime:
     async def stop_signals(self) -> None:
         self._signals_started = False
         await self.signals.stop()
+
+    async def stop_tracing(self) -> None:
+        """Export the spans still queued and stop the export thread, waiting at most the export timeout
+        (a dead collector must not hold up a worker's stop)."""
+        tracing, self.tracing = self.tracing, None
+        if tracing is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(tracing.shutdown), tracing.spec.export_timeout + 1.0)
+            except asyncio.TimeoutError:
+                log.warning("tracing: spans still queued at shutdown were not exported in time")
 
     def _build(self, ref: Any) -> Any:
         from extproc.scheduling import plugin_types
