@@ -87,6 +87,11 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
              for n in ((ro.route,) if ro.route else ro.routes)}  # routes whose bundles are their rollout's arms
     plugins = _compile_plugins(spec.plugins, issue)
     profiles, refused = _compile_profiles(spec.scheduling_profiles, plugins, issue)
+    qos = _compile_qos(spec, backends, issue)  # spec.qos: None without it (no QoS stage on any route)
+    if qos is not None:  # every inference route's pipeline gets the QoS stages (docs/qos.md)
+        from functools import partial
+
+        build_pipeline = partial(build_pipeline, qos=qos)
     default_model = model_name(spec.model_ref)
     routes: dict[str, Route] = {}
     paths: dict[tuple[str, str], int] = {}
@@ -903,6 +908,15 @@ def _route_plugins(names: Any, base: tuple, plugins: dict[str, PluginRef], profi
 
 def _what(ref: Any) -> str:
     return "picker" if isinstance(ref, PluginRef) else "scheduling profile"
+
+
+def _compile_qos(spec: Any, backends: Mapping[str, Backend], issue: Any) -> Any:
+    if spec.qos is None:
+        return None
+    from extproc.qos.engine import compile_qos
+
+    names = {r.name or route_name_from_path(r.path): i for i, r in enumerate(spec.routes)}
+    return compile_qos(spec.qos, names, {t.id for t in spec.tenants}, backends, issue)
 
 
 def _with_pipeline(route: Route, build_pipeline: Any, path: tuple, issue: Any) -> Route:

@@ -603,6 +603,108 @@ class TracingSpec(_Model):
         return v
 
 
+CLASS_NAME = r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$"  # a priority class: P0, P1, interactive, batch
+
+
+class QosClassSpec(_Model):
+    """A priority class (docs/qos.md): the first class is the most urgent. `critical` requests are
+    never shed by the glitch breaker (default: the first class only); `enginePriority` is what an
+    OpenAI-API engine that declares support gets as vLLM's `priority` (lower runs first; default the
+    class's index), `tritonPriority` what a KServe v2 engine gets as the `priority` parameter
+    (Triton's levels: 1 is the highest; default index + 1)."""
+    name: Annotated[str, Field(pattern=CLASS_NAME)]
+    critical: bool | None = None
+    engine_priority: int | None = None
+    triton_priority: Annotated[int, Field(ge=1)] | None = None
+
+
+def _default_classes() -> tuple[QosClassSpec, ...]:
+    return tuple(QosClassSpec(name=n) for n in ("P0", "P1", "P2"))
+
+
+class QosSloSpec(_Model):
+    """An SLO over the requests it selects (all given selectors must match; none: every request):
+    TTFT, time per output token and end-to-end latency thresholds that `target` percent of the
+    requests must meet (`p99: 2s` with the default target 99 is "p99 under 2 s"), and an error-rate
+    ceiling in percent. Attainment is computed per window (`spec.qos.window`)."""
+    name: Annotated[str, Field(pattern=DNS_LABEL)]
+    route: Annotated[str, Field(min_length=1)] | None = None
+    tenant: Annotated[str, Field(min_length=1)] | None = None
+    priority_class: Annotated[str, Field(min_length=1)] | None = None
+    ttft: Duration | None = None
+    tpot: Duration | None = None
+    p99: Duration | None = None
+    error_rate: Annotated[float, Field(ge=0, lt=100)] | None = None  # percent
+    target: Annotated[float, Field(gt=0, le=100)] = 99.0  # percent of requests within each latency threshold
+
+    @model_validator(mode="after")
+    def _some_objective(self) -> "QosSloSpec":
+        if self.ttft is None and self.tpot is None and self.p99 is None and self.error_rate is None:
+            raise FieldError("name", f"SLO {self.name!r} declares no objective: set ttft, tpot, p99 or errorRate")
+        return self
+
+
+class QosRouteSpec(_Model):
+    """A route's QoS: its requests' priority class, whether its work is latency- or throughput-
+    sensitive (the priority matrix), and a client header it trusts to name the class or an
+    objective (`x-gateway-inference-objective`, the Gateway API inference extension's header):
+    set it only where the gateway's edge strips the client's copy, like `policy.tenantHeader`."""
+    route: Annotated[str, Field(min_length=1)]
+    priority_class: Annotated[str, Field(min_length=1)] | None = None
+    workload: Literal["latency", "throughput"] = "latency"
+    objective_header: HeaderName | None = None
+
+
+class QosTenantSpec(_Model):
+    """A tenant's priority class and glitch threshold: its requests' P99 (per window) above
+    `glitchThreshold` for `breaker.windows` windows in a row sheds its non-critical requests."""
+    tenant: Annotated[str, Field(min_length=1)]
+    priority_class: Annotated[str, Field(min_length=1)] | None = None
+    glitch_threshold: Duration | None = None
+
+
+class QosMatrixSpec(_Model):
+    """The brief's priority matrix: while an SLO a request falls under deviates below `below`
+    (attainment minus target, in percentage points, over the last `horizon` windows), latency-
+    sensitive requests of the `applyTo` classes run as the first class and throughput-sensitive
+    ones as the last; back to their class once the deviation is at or above `recover`."""
+    enabled: bool = True
+    below: float = -5.0
+    recover: float = -2.0
+    horizon: Annotated[int, Field(ge=1, le=600)] = 10
+    apply_to: tuple[Annotated[str, Field(min_length=1)], ...] = ()  # default: the default class
+
+
+class QosBreakerSpec(_Model):
+    """The glitch breaker (docs/qos.md): trips after `windows` windows in a row whose P99 is over the
+    tenant's threshold (windows with fewer than `minSamples` requests are skipped, up to `maxGap` in a
+    row), recovers after `recoveryWindows` windows that are not; shed requests get 429 with
+    `Retry-After: retryAfter`."""
+    windows: Annotated[int, Field(ge=1, le=1000)] = 3
+    recovery_windows: Annotated[int, Field(ge=1, le=1000)] = 3
+    min_samples: Annotated[int, Field(ge=1, le=100000)] = 1
+    max_gap: Annotated[int, Field(ge=0, le=100000)] = 10
+    latency: Literal["e2e", "ttft"] = "e2e"
+    retry_after: Annotated[int, Field(ge=1, le=3600)] = 1
+
+
+class QosSpec(_Model):
+    """SLO-driven QoS (docs/qos.md): priority classes, SLOs and their attainment per window, the
+    priority matrix, the glitch breaker. Absent: no route pays anything for it."""
+    window: Duration = 0.1
+    classes: tuple[QosClassSpec, ...] = Field(default_factory=_default_classes, min_length=1)
+    default_class: Annotated[str, Field(min_length=1)] = "P1"
+    # values of a trusted objective header -> class (a class's own name is always accepted)
+    objectives: dict[Annotated[str, Field(min_length=1)], Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=dict)
+    engine_priority: tuple[Annotated[str, Field(min_length=1)], ...] = ()  # backends whose engine takes a priority
+    slos: tuple[QosSloSpec, ...] = ()
+    routes: tuple[QosRouteSpec, ...] = ()
+    tenants: tuple[QosTenantSpec, ...] = ()
+    matrix: QosMatrixSpec = QosMatrixSpec()
+    breaker: QosBreakerSpec = QosBreakerSpec()
+
+
 class GatewaySpec(_Model):
     model_ref: str | None = None  # "name[@registry]": default model for llm routes
     protocol: Literal["http", "grpc"] = "http"  # default backend transport
@@ -619,6 +721,7 @@ class GatewaySpec(_Model):
     epp: EppSpec | None = None  # EPP mode (a Gateway API InferencePool's endpoint picker)
     rollouts: tuple[RolloutSpec, ...] = ()  # canary rollouts of routes' backends (docs/config.md)
     bundles: tuple[BundleSpec, ...] = ()  # adapter bundles routes and rollout arms use (docs/canary.md)
+    qos: QosSpec | None = None  # SLOs, priority classes, the glitch breaker (docs/qos.md)
     tracing: TracingSpec | None = None  # OpenTelemetry traces (docs/tracing.md); off when absent
 
     @model_validator(mode="after")

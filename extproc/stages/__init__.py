@@ -8,10 +8,19 @@ from typing import Any
 from extproc.pipeline import Pipeline
 
 
-def build_pipeline(route: Any) -> Pipeline:
+def build_pipeline(route: Any, qos: Any = None) -> Pipeline:
+    """The route kind's stages; with `spec.qos` (`qos`: extproc.qos.engine.QosConfig) every inference
+    route also runs `qos-admit` right after `admit` and `qos-engine` last (docs/qos.md)."""
     from extproc.kinds import kind_specs
 
     spec = kind_specs().get(route.kind)
     if spec is None:
         raise ValueError(f"no pipeline for route kind {route.kind!r}")
-    return Pipeline(spec.stages(route))
+    stages = spec.stages(route)
+    if qos is not None and route.kind != "health":
+        from extproc.stages.qos_admit import QosAdmit
+        from extproc.stages.qos_engine import QosEngine
+
+        at = next((i + 1 for i, s in enumerate(stages) if getattr(s, "name", None) == "admit"), 0)
+        stages = [*stages[:at], QosAdmit(qos), *stages[at:], QosEngine(qos)]
+    return Pipeline(stages)
