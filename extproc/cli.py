@@ -4,6 +4,8 @@ Examples:
   adapterctl validate examples/finance-llm-adapter.yaml
   adapterctl render-envoy examples/finance-llm-adapter.yaml -o envoy/finance-llm-adapter.yaml --check
   adapterctl up examples/finance-llm-adapter.yaml --simulate        # what `make run` does
+  adapterctl render-k8s examples/finance-llm-adapter.yaml -o k8s/   # Kubernetes, Istio, InferencePool
+  adapterctl render-compose examples/compose.yaml -o docker-compose.yml
   adapterctl serve examples/finance-llm-adapter.yaml --workers 2    # processor only
   adapterctl reload --config examples/finance-llm-adapter.yaml      # reload the running processor
   adapterctl test --route=/v1/analyze --input='{"query":"计算Q3营收"}'
@@ -513,6 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     register_logs(sub)  # logs
     register_status(sub)  # status
+
+    from extproc.k8s_render import register as register_render
+
+    register_render(sub)  # render-k8s, render-compose
 
     from extproc.semantic.cli import register
 
