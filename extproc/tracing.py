@@ -79,7 +79,9 @@ class Tracing:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
             exporter = OTLPSpanExporter(endpoint=spec.endpoint, insecure=True, timeout=spec.export_timeout)
-        self.processor = BatchSpanProcessor(exporter, export_timeout_millis=spec.export_timeout * 1000)
+        # queued spans go out every second (OpenTelemetry's default is 5 s), at most 2048 queued (beyond: dropped)
+        self.processor = BatchSpanProcessor(exporter, schedule_delay_millis=1000,
+                                            export_timeout_millis=spec.export_timeout * 1000)
         self.provider.add_span_processor(self.processor)
         self.tracer = self.provider.get_tracer(SCOPE)
         self._propagator = TraceContextTextMapPropagator()
