@@ -4,10 +4,12 @@ What: on a route with `serverTiming` (docs/attribution.md), every request gets a
 (`state.attrs[TIMING_ATTR]`) that the stream feeds once per ext_proc message (`Timing.add`). The
 components (the `component` label of `adapter_processor_latency_seconds{route,component}` and the
 `Server-Timing` metric names):
-- `envoy`: Envoy before the processor: from Envoy's `request.time` attribute (the first byte of the
-  request, sent with the request headers only on these routes) to the processor taking the request
-  headers; listener, HCM, jwt_authn and the ext_proc gRPC hop. Wall clocks of Envoy and the processor:
-  exact on one host, skewed by the clocks' difference across hosts; dropped when negative.
+- `envoy`: Envoy's time on the request outside the processor: from Envoy's `request.time` attribute
+  (the request's first byte; asked of Envoy with the request headers when some route has `serverTiming`)
+  to the processor taking the request headers (listener, HCM, jwt_authn, the ext_proc gRPC hop), plus
+  the gaps between the processor's reply to one request phase and the next request message (Envoy
+  reading and buffering the body, the gRPC hop again). Wall clocks of Envoy and the processor for the
+  first part: exact on one host, off by the clocks' difference across hosts (dropped when negative).
 - `processor_request_headers`, `processor_request_body`, `processor_response_headers`,
   `processor_response_body`: processor time per phase (all messages of the phase, decode to encode).
 - `queue`: time the request waited in the gateway before dispatch. The gateway has no queue (admission
@@ -76,7 +78,7 @@ def envoy_time(value: Any) -> float | None:
         frac = ""
         if "." in text:  # fromisoformat takes at most 6 fractional digits before 3.11's wider parser
             head, _, rest = text.partition(".")
-            digits = "".join(c for c in rest if c.isdigit())
+            digits = rest[:len(rest) - len(rest.lstrip("0123456789"))]
             tail = rest[len(digits):]
             frac, text = "0." + digits, head + tail
         try:
@@ -94,12 +96,14 @@ def envoy_time(value: Any) -> float | None:
 class Timing:
     """One request's attribution: fed by the stream (`add`), read by the header hook and `on_done`."""
 
-    __slots__ = ("spec", "processor", "envoy", "released", "started_wall", "trusted_header")
+    __slots__ = ("spec", "processor", "envoy", "gaps", "released", "started_wall", "trusted_header", "_end")
 
     def __init__(self, spec: Any):
         self.spec = spec  # the route's ServerTimingSpec
         self.processor = dict.fromkeys(_PROCESSOR, 0.0)  # component -> seconds (only phases seen stay > 0)
         self.envoy: float | None = None  # seconds in Envoy before the processor took the request headers
+        self.gaps = 0.0  # seconds between a request-phase reply and the next request message (Envoy's)
+        self._end: float | None = None  # perf_counter: the end of the last request-phase message
         self.released: float | None = None  # monotonic: the last request-phase reply
         self.started_wall: float | None = None  # epoch: Envoy's first byte (request.time), else None
         self.trusted_header = False  # the request carried spec.header
@@ -110,6 +114,9 @@ class Timing:
         self.processor[PHASE_COMPONENT[phase]] += dt
         if phase in _REQUEST_PHASES:
             self.released = time.monotonic()
+            if self._end is not None and t0 > self._end:
+                self.gaps += t0 - self._end
+            self._end = t0 + dt
             if phase is Phase.REQUEST_HEADERS:
                 attrs = msg.attributes
                 start = envoy_time(attrs.get(REQUEST_TIME_ATTR)) if attrs else None
@@ -133,8 +140,8 @@ class Timing:
     def components(self, state: RequestState, rtt: "RttLookup | None") -> dict[str, float]:
         """Seconds per component known now (absent: not measured for this request)."""
         out: dict[str, float] = {}
-        if self.envoy is not None:
-            out["envoy"] = self.envoy
+        if self.envoy is not None or self.gaps > 0.0:
+            out["envoy"] = (self.envoy or 0.0) + self.gaps
         for name, value in self.processor.items():
             if value > 0.0:
                 out[name] = value
@@ -253,7 +260,13 @@ def pipeline_builder(build: Any) -> Any:
     def build_with_timing(route: Any) -> Any:
         pipeline = build(route)
         spec = getattr(route, "server_timing", None)
-        if spec is None or spec.mode == "metrics":
+        if spec is None:
+            return pipeline
+        try:  # imported with the config, not on a request (the first import takes a good part of a second)
+            import ebpf.snapshot  # noqa: F401
+        except ImportError:
+            pass
+        if spec.mode == "metrics":
             return pipeline
         from extproc.pipeline import Pipeline
 

@@ -519,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     from extproc.k8s_render import register as register_render
 
     register_render(sub)  # render-k8s, render-compose
+    from extproc.attribution_cli import register as register_attribution
+
+    register_attribution(sub)  # attribution
 
     from extproc.semantic.cli import register
 

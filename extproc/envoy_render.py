@@ -178,13 +178,10 @@ def processing_mode(route: Route) -> dict[str, str]:
 
 
 def _ext_proc_per_route(route: Route, tenant_header: str, digest: str) -> dict[str, Any]:
-    # latency attribution (extproc/attribution.py): Envoy's first-byte time comes with the request headers
-    timing = {"request_attributes": ["request.time"]} if route.server_timing is not None else {}
     return {
         EXT_PROC: {
             "@type": _T + "envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
             "overrides": {
-                **timing,
                 "processing_mode": processing_mode(route),
                 "failure_mode_allow": route.failure_mode == "open",
                 "grpc_initial_metadata": [
@@ -591,6 +588,10 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
             # the answer came from the upstream ("via_upstream") or is Envoy's own (decode-response
             # sanitises only a backend's own error bodies)
             "response_attributes": ["upstream.address", "response.code", "response.code_details"],
+            # latency attribution (extproc/attribution.py): Envoy's first-byte time with the request headers,
+            # only when some route has serverTiming (Envoy 1.40 ignores request_attributes in per-route overrides)
+            **({"request_attributes": ["request.time"]}
+               if any(r.server_timing is not None for r in snap.routes.values()) else {}),
         }},
         {"name": "envoy.filters.http.router", "typed_config": {
             "@type": _T + "envoy.extensions.filters.http.router.v3.Router"}},
