@@ -301,13 +301,13 @@ def from_chat(chat: dict[str, Any], ctx: dict[str, Any], request_id: str = "") -
     text = message.get("content")
     suffix = rid.removeprefix("resp_")
     if isinstance(text, str) and text:
-        output.append(_message_item(f"msg_{suffix}", text))
+        output.append(_message_item(f"msg_{suffix}_0", text))
     for i, call in enumerate(message.get("tool_calls") or ()):
         if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
             continue
         fn = call["function"]
         args = fn.get("arguments")
-        output.append(_call_item(f"fc_{suffix}_{i}", call.get("id") or f"call_{suffix}_{i}", fn.get("name") or "",
+        output.append(_call_item(f"fc_{suffix}_{len(output)}", call.get("id") or f"call_{suffix}_{i}", fn.get("name") or "",
                                  args if isinstance(args, str) else "{}"))
     status, incomplete = _status(choice.get("finish_reason"))
     created = chat.get("created") if isinstance(chat.get("created"), int) else int(time.time())
