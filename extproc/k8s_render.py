@@ -58,6 +58,9 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"  # its gRPC hea
 AGENT_METRICS_PORT = 9478
 DEFAULT_WORKERS = 2  # when the config leaves workers to the CPU count: the render must fix one
 _KEY_OK = re.compile(r"[^-._a-zA-Z0-9]")
+_NAME_OK = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # a Service name (RFC 1035 label)
+_NAMESPACE_OK = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+MAX_NAME = 63 - len("-tenant-agent")  # the longest suffix we add
 ISTIO_GATEWAY_MATCH = {"context": "GATEWAY"}
 
 
@@ -91,6 +94,13 @@ def cluster_config_text(path: str | Path, options: K8sOptions) -> tuple[str, str
     text = read_config(path)
     data = yaml.safe_load(text)
     name = options.name or original.name
+    if not (_NAME_OK.match(name) and len(name) <= MAX_NAME):
+        source = "--name" if options.name else f"{path}: metadata.name"
+        raise RenderError(f"{source}: {name!r} cannot prefix Kubernetes object names (Service names are DNS "
+                          f"labels: lower-case letters, digits and '-', starting with a letter, here at most "
+                          f"{MAX_NAME} characters); pass --name")
+    if not _NAMESPACE_OK.match(options.namespace):
+        raise RenderError(f"--namespace: {options.namespace!r} is not a Kubernetes namespace name")
     workers = options.workers or original.processor.workers or DEFAULT_WORKERS
     if original.epp is not None:
         workers = 1  # EPP mode runs exactly one worker (docs/config.md)

@@ -332,6 +332,18 @@ spec:
         render_k8s(outside / "gw.yaml")
 
 
+@pytest.mark.parametrize("options, field", [
+    (K8sOptions(name="Finance_GW"), "--name"),
+    (K8sOptions(name="9gw"), "--name"),  # a Service name starts with a letter
+    (K8sOptions(name="g" * 51), "--name"),
+    (K8sOptions(namespace="AI"), "--namespace"),
+])
+def test_names_kubernetes_would_refuse_are_refused_here(options, field):
+    with pytest.raises(RenderError, match=field):
+        render_k8s(FINANCE, options)
+    render_k8s(FINANCE, K8sOptions(name="g" * 50))  # the longest accepted
+
+
 def test_adapterctl_render_k8s_writes_the_directory(tmp_path):
     out = subprocess.run([sys.executable, "-m", "extproc", "render-k8s", str(EPP), "-o", str(tmp_path),
                           "--namespace", "llm", "--pool-selector", "app=vllm"],
