@@ -30,30 +30,32 @@ SHORT = "hi"
 def gateway(tmp_path_factory):
     from tests.e2e.conftest import make_stack
 
-    cfg = tmp_path_factory.mktemp("attribution") / "gateway.yaml"
-    cfg.write_text("""
+    run = tmp_path_factory.mktemp("attribution")
+    cfg = run / "gateway.yaml"
+    cfg.write_text(f"""
 apiVersion: adapter.ai/v1
 kind: AdapterGateway
-metadata: {name: attribution}
+metadata: {{name: attribution}}
 spec:
   modelRef: qwen2.5-finance
-  tenancy: {source: header, header: x-tenant-id}
-  tenants: [{id: acme}, {id: globex}]
-  backends: [{name: llm, kind: vllm, endpoints: ["llm.invalid:8000"], models: [qwen2.5-finance]}]
+  tenancy: {{source: header, header: x-tenant-id, snapshot: {run / "agent.snap"}}}
+  tenants: [{{id: acme}}, {{id: globex}}]
+  backends: [{{name: llm, kind: vllm, endpoints: ["llm.invalid:8000"], models: [qwen2.5-finance]}}]
   routes:
-    - {path: /v1/chat/completions, kind: openai, serverTiming: {tenants: [acme]}}
-    - {path: /v1/completions, kind: openai}
+    - {{path: /v1/chat/completions, kind: openai, serverTiming: {{tenants: [acme]}}}}
+    - {{path: /v1/completions, kind: openai}}
     - path: /v1/analyze
-      request: '{"messages": [{"role": "user", "content": $.query}], "max_tokens": 4}'
-      transform: '{"answer": $.output}'
+      request: '{{"messages": [{{"role": "user", "content": $.query}}], "max_tokens": 4}}'
+      transform: '{{"answer": $.output}}'
       serverTiming: always
     - path: /v1/internal
-      request: '{"messages": [{"role": "user", "content": $.query}], "max_tokens": 4}'
-      transform: '{"answer": $.output}'
-      serverTiming: {header: x-internal-timing}
+      request: '{{"messages": [{{"role": "user", "content": $.query}}], "max_tokens": 4}}'
+      transform: '{{"answer": $.output}}'
+      serverTiming: {{header: x-internal-timing}}
 """)
     st = make_stack(cfg, simulate=True, agent=False, simulator_args=SIMULATOR)
     st.start()
+    st.agent_snapshot = run / "agent.snap"  # the tests publish the tenant agent's snapshot themselves
     yield st
     st.stop()
 
@@ -147,8 +149,28 @@ def test_metrics_split_by_route_and_component(gateway):
     for component in ("envoy", "processor_request_headers", "processor_request_body", "processor_response_headers",
                       "processor_response_body", "queue", "upstream_ttfb", "upstream_first_token"):
         assert metric_sum(url, LATENCY + "_count", route="v1-chat-completions", component=component) >= 1, component
-    # no tenant agent in this stack: no RTT is claimed
-    assert metric_sum(url, LATENCY + "_count", component="network_rtt") == 0
+
+
+def test_network_rtt_comes_from_the_tenant_agents_snapshot_for_the_endpoint_that_served(gateway):
+    from ebpf.snapshot import SnapshotData, SnapshotWriter, UpstreamSample
+
+    def analyze() -> dict[str, dict[str, str]]:
+        r = httpx.post(gateway.url + "/v1/analyze", json={"query": SHORT}, headers={"x-tenant-id": "globex"},
+                       timeout=30)
+        assert r.status_code == 200, r.text
+        return parse_server_timing(r.headers["server-timing"])
+
+    if not gateway.agent_snapshot.exists():  # no agent yet: no RTT is claimed
+        assert "network_rtt" not in analyze()
+    port = gateway.simulators["llm"][1]
+    writer = SnapshotWriter(gateway.agent_snapshot)
+    writer.write(SnapshotData(source="ebpf", upstreams=[
+        UpstreamSample(addr="127.0.0.1", port=port, count=9, last_srtt_us=90, window_count=3, window_mean_us=1234.0),
+        UpstreamSample(addr="127.0.0.1", port=1, count=5, last_srtt_us=7, window_count=5, window_mean_us=7.0)]))
+    metrics = analyze()
+    assert metrics["network_rtt"] == {"dur": "1.234", "desc": "ebpf srtt"}  # the window mean of that endpoint
+    url = gateway.processor_admin_url + "/metrics"
+    wait_metric(url, LATENCY + "_count", 1, timeout=10, route="v1-analyze", component="network_rtt")
 
 
 def test_adapterctl_attribution_prints_quantiles_per_route_and_component(gateway):
