@@ -235,6 +235,11 @@ class SimulatorSettings:
     max_loras: int | None = None  # None: no limit in the batch; max_lora reports the static adapters
     lora_load_ms: float = 0.0  # simulated time of POST /v1/load_lora_adapter
     enable_lora: bool = False  # export vllm:lora_requests_info even with no adapter yet
+    # vLLM's --scheduling-policy: "priority" queues by (priority, arrival); "fcfs" (vLLM's own default)
+    # refuses a request with a non-zero `priority` with 400, as vLLM does. The simulator defaults to
+    # "priority" (the behaviour its tests and benches were written against); pass fcfs to mirror a
+    # vLLM started without the flag.
+    scheduling_policy: str = "priority"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", tuple(self.models))
@@ -1107,6 +1112,7 @@ class SimulatorApp:
             raise _bad_request("`messages` must be a non-empty list", "messages")
         prompt_tokens = count_tokens("".join(_message_text(m, i) for i, m in enumerate(messages)))
         options = _common_options(request, chat=True)
+        self._check_priority(options.priority)
         await self._generate(engine, model, [(messages, prompt_tokens)], options, chat=True, send=send)
 
     async def _completions(self, body: bytes, send: Callable) -> None:
@@ -1114,7 +1120,14 @@ class SimulatorApp:
         model, engine = self._engine_for(request)
         prompts = _parse_prompts(request.get("prompt"))
         options = _common_options(request, chat=False)
+        self._check_priority(options.priority)
         await self._generate(engine, model, prompts, options, chat=False, send=send)
+
+    def _check_priority(self, priority: int) -> int:
+        """vLLM accepts a non-zero `priority` only when started with --scheduling-policy priority."""
+        if priority != 0 and self.settings.scheduling_policy != "priority":
+            raise _bad_request(f"Got priority {priority} but Priority scheduling is not enabled.", "priority")
+        return priority
 
     def _lora_of(self, model: str) -> str | None:
         return None if model in self.engines else model
@@ -1224,7 +1237,7 @@ class SimulatorApp:
                     f"This model's maximum context length is {max_len} tokens. However, you requested "
                     f"{tokens} tokens in the input for embedding generation. Please reduce the length of the input.")
         self._check_footprint(prompt_tokens)
-        job = engine.new_job(model, prompt_tokens, 0, _int_field(request, "priority", default=0),
+        job = engine.new_job(model, prompt_tokens, 0, self._check_priority(_int_field(request, "priority", default=0)),
                              lora=self._lora_of(model))
         _note_job(model, job)
         async with engine.run(job):
@@ -1444,13 +1457,16 @@ async def serve(settings: SimulatorSettings, shutdown_event: asyncio.Event, *,
         await app.abort_in_flight()
 
     aborter = asyncio.create_task(abort_after_grace())
+    reaper = asyncio.create_task(hypercorn_drain.reap_after(  # the hard stop behind hypercorn's
+        shutdown_event, config.graceful_timeout + 0.5, protect={asyncio.current_task(), aborter}))
     if on_ready is not None:
         on_ready(host, port)
     try:
         await hypercorn_serve(app, config, shutdown_trigger=shutdown_event.wait)
     finally:
-        aborter.cancel()
-        await asyncio.gather(aborter, return_exceptions=True)
+        for task in (aborter, reaper):
+            task.cancel()
+        await asyncio.gather(aborter, reaper, return_exceptions=True)
         await app.aclose()
     log.info("simulator on %s:%d stopped", host, port)
 
@@ -1498,6 +1514,9 @@ def _parse_args(argv: list[str] | None) -> SimulatorSettings:
                         default=defaults.kv_cache_tokens, help="KV-cache capacity in tokens")
     parser.add_argument("--max-model-len", type=int, default=defaults.max_model_len)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scheduling-policy", choices=("priority", "fcfs"), default=defaults.scheduling_policy,
+                        help="vLLM's flag: priority orders the queue by the requests' `priority`; fcfs refuses "
+                        "a non-zero priority with 400 like vLLM (default here: priority)")
     parser.add_argument("--log-level", default="warning",
                         choices=["debug", "info", "warning", "error", "critical"])
     fleet = parser.add_argument_group(
@@ -1543,7 +1562,7 @@ def _parse_args(argv: list[str] | None) -> SimulatorSettings:
             step_base_ms=args.step_base_ms, step_per_seq_ms=args.step_per_seq_ms,
             prefill_us_per_token=args.prefill_us_per_token, enable_prefix_caching=args.enable_prefix_caching,
             lora_modules=tuple(args.lora_modules), max_loras=args.max_loras, lora_load_ms=args.lora_load_ms,
-            enable_lora=args.enable_lora)
+            enable_lora=args.enable_lora, scheduling_policy=args.scheduling_policy)
     except ValueError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits

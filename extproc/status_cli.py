@@ -12,7 +12,11 @@ What, in one report (pretty, or `--json` for scripts):
 - **tenants**: the configured tenants with their quota and the tenant agent's live numbers (CPU use
   against the limit, throttling, admitted / rejected) when its snapshot is there (`ebpf/snapshot.py`,
   `/dev/shm/adapter-gateway/...`; `agent: not running` otherwise);
-- **rollouts**: arms, weights, samples and the plan's step and status (`GET /canary`).
+- **rollouts**: arms, weights, samples and the plan's step and status (`GET /canary`);
+- **qos** (configs with `spec.qos`): per SLO and objective the attainment over the matrix horizon, the
+  workers' counts added up (`qos-<worker>.json` in the state dir, `extproc/qos/engine.aggregate`), the
+  deviation and where the matrix is escalated; per tenant with a glitch threshold the last window's P99
+  and whether its breaker is open (in which workers).
 Which supervisor: `--admin URL`, else the `--config FILE`'s `spec.processor.adminPort`, else 9902.
 Exit codes: 0 shown, 3 the supervisor cannot be reached.
 Cost: a few HTTP calls to the supervisor, one metrics scrape per engine endpoint (in parallel), one read of
@@ -123,6 +127,11 @@ def gather(admin: str) -> dict[str, Any]:
     if snap is not None:
         doc["backends"] = backends_view(snap, config.get("state_dir"))
         doc.update(tenants_view(snap))
+        if getattr(snap.spec.spec, "qos", None) is not None:
+            from extproc.qos.engine import aggregate
+
+            doc["qos"] = aggregate(config.get("state_dir")) or {"workers": [], "slos": {}, "tenants": {},
+                                                                "note": "no worker has published yet"}
     try:
         r = httpx.get(f"{admin}/canary", timeout=5)
         doc["rollouts"] = r.json().get("rollouts", {}) if r.status_code == 200 else {"error": r.status_code}
@@ -153,6 +162,27 @@ def pretty(doc: dict[str, Any]) -> str:
         lines.append(f"tenants ({'agent ' + json.dumps(agent) if agent else ''}):")
         for t in doc["tenants"]:
             lines.append(f"  {t['id']}: quota {t.get('cpu_quota')} live {json.dumps(t.get('live'))}")
+    qos = doc.get("qos")
+    if qos is not None:
+        ages = ", ".join(f"worker {w['worker']} {w['age_s']}s ago" for w in qos.get("workers", ()))
+        lines.append(f"qos (published: {ages or 'none yet'}):")
+        for name, s in qos.get("slos", {}).items():
+            parts = []
+            for o, v in s["horizon"].items():
+                a = v.get("attainment")
+                parts.append(f"{o} {'-' if a is None else f'{100 * a:.1f}%'} of {v['counted']} "
+                             f"(target {s['targets'].get(o)}%)")
+            dev = s.get("deviation")
+            esc = s.get("escalated_workers")
+            lines.append(f"  slo {name}: {'; '.join(parts) or 'no requests'}; deviation "
+                         f"{'-' if dev is None else f'{dev:+.1f}'} points"
+                         + (f"; matrix escalated in workers {esc}" if esc else ""))
+        for t, v in qos.get("tenants", {}).items():
+            p99 = v.get("last_p99_s")
+            state = f"SHEDDING (breaker open in workers {v['open_workers']})" if v.get("open") else "ok"
+            lines.append(f"  tenant {t}: glitch breaker {state}; last window P99 "
+                         f"{'-' if p99 is None else f'{p99 * 1000:.2f} ms'} (threshold "
+                         f"{(v.get('threshold_s') or 0) * 1000:g} ms), trips {v.get('trips', 0)}")
     ro = doc.get("rollouts")
     if isinstance(ro, dict) and ro and "error" not in ro:
         lines.append("rollouts:")
