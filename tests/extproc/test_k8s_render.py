@@ -205,6 +205,17 @@ spec:
     assert snap.listener.address == snap.admin.address == snap.processor.bind_address == "0.0.0.0"
 
 
+def test_envoy_accepts_the_configmaps_bootstrap(tmp_path):
+    """Envoy 1.40 itself (`envoy --mode validate`, as `make render` runs it) on the cluster's envoy.yaml,
+    whose processor cluster is the Service's DNS name; the EnvoyFilter's cluster and filter are its own."""
+    from extproc.cli import envoy_validate
+
+    out = tmp_path / ENVOY_KEY
+    out.write_text(by_kind(render_k8s(FINANCE), "ConfigMap")["data"][ENVOY_KEY])
+    ok, output = envoy_validate(str(out))
+    assert ok, output
+
+
 def test_probes_are_answered_by_a_real_processor(tmp_path):
     manifests = render_k8s(FINANCE, K8sOptions(workers=2))
     container = by_kind(manifests, "Deployment", "-processor")["spec"]["template"]["spec"]["containers"][0]
