@@ -15,7 +15,7 @@ on a Redis shared by replicas). The estimate, before the request runs:
              + completion tokens (the request's max_tokens / max_completion_tokens, else the budget's
                `estimatedCompletionTokens`, 256 by default; 0 for embeddings)
 
-on token-counting kinds (`openai`, `llm`); other kinds count requests only (estimate 0). When the
+on token-counting kinds (`openai`, `llm`, `anthropic-messages`, `openai-responses`); other kinds count requests only (estimate 0). When the
 request ends (`on_done`) the charge is reconciled to what it really used, in the windows it was admitted
 in (if they are still current: a window that has ended is not rewritten):
 
@@ -49,7 +49,7 @@ from dataclasses import dataclass
 MINUTE = 60
 DAY = 86400
 WINDOWS = (("minute", MINUTE), ("day", DAY))  # the order of every per-window tuple below
-TOKEN_KINDS = frozenset({"openai", "llm"})  # route kinds whose requests are counted in tokens
+TOKEN_KINDS = frozenset({"openai", "llm", "anthropic-messages", "openai-responses"})  # counted in tokens
 NO_COMPLETION_APIS = frozenset({"openai.embeddings"})
 # budget field names, in the config's spelling (what errors and metrics name)
 FIELDS = {("minute", "requests"): "requestsPerMinute", ("minute", "tokens"): "tokensPerMinute",

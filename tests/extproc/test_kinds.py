@@ -56,9 +56,9 @@ STAGES = {
     "rest": {RH: ["admit", "body-limit"], RB: ["parse-json", "token-budget", "dispatch", "encode-request"],
              PH: ["decode-response"], PB: ["decode-response"]},
     "health": {RH: ["health"]},
-    "anthropic-messages": {RH: ["admit", "body-limit", "anthropic-messages"], RB: ["anthropic-messages", "dispatch"],
+    "anthropic-messages": {RH: ["admit", "body-limit", "anthropic-messages"], RB: ["anthropic-messages", "token-budget", "dispatch"],
                            PH: ["anthropic-messages"], PB: ["anthropic-messages"]},
-    "openai-responses": {RH: ["admit", "body-limit", "openai-responses"], RB: ["openai-responses", "dispatch"],
+    "openai-responses": {RH: ["admit", "body-limit", "openai-responses"], RB: ["openai-responses", "token-budget", "dispatch"],
                          PH: ["openai-responses"], PB: ["openai-responses"]},
 }
 DIALECT = {"llm": "adapter", "passthrough": "adapter", "openai": "openai", "kserve": "kserve", "tensor": "adapter",
