@@ -216,6 +216,21 @@ def test_envoy_accepts_the_configmaps_bootstrap(tmp_path):
     assert ok, output
 
 
+def test_a_named_file_that_is_not_utf8_travels_as_binary_data(tmp_path):
+    """Bundles (ZIPs) are binary: binaryData, base64, put back at their path by the volume's items."""
+    import base64
+
+    from extproc.k8s_render import configmap
+
+    (tmp_path / "bundles").mkdir()
+    raw = bytes(range(256))
+    (tmp_path / "bundles" / "finance-1.2.zip").write_bytes(raw)
+    cm, items = configmap("gw", K8sOptions(), "text", "envoy", tmp_path / "gw.yaml", ["bundles/finance-1.2.zip"])
+    key = items["bundles/finance-1.2.zip"]
+    assert key not in cm["data"] and base64.b64decode(cm["binaryData"][key]) == raw
+    validate(cm)
+
+
 def test_probes_are_answered_by_a_real_processor(tmp_path):
     manifests = render_k8s(FINANCE, K8sOptions(workers=2))
     container = by_kind(manifests, "Deployment", "-processor")["spec"]["template"]["spec"]["containers"][0]
