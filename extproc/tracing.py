@@ -11,7 +11,9 @@ Per stream, `Tracing.stream(metadata, state)` returns a `StreamTrace` whose pare
 `traceparent`/`tracestate` of the ext_proc stream's gRPC initial metadata (Envoy injects its
 ext_proc client span there when its tracer is on), else, at request headers, the request's own
 `traceparent` header (an Envoy without tracing, a client that sent one), else none (a new trace,
-sampled at the ratio). The tree it produces, per message Envoy sends:
+sampled at the ratio). The tree it produces, per message Envoy sends (of a streamed body phase, an
+SSE response chunk by chunk, only the first and the last chunk, the last with
+`adapter.chunks_untraced`: a long stream would otherwise cost two spans per token):
 
     <Envoy: ingress server span> -> <Envoy: async ...ExternalProcessor.Process egress>
         ext_proc <phase>                     SERVER; adapter.route, adapter.phase, adapter.verdict, ...
@@ -140,7 +142,7 @@ def configure(current: Tracing | None, spec: Any, worker: int = 0) -> Tracing | 
 class StreamTrace:
     """One stream's spans. `phase(...)` runs one message's pipeline under its phase span."""
 
-    __slots__ = ("tracing", "state", "parent", "source", "stage_ctx", "stage_name")
+    __slots__ = ("tracing", "state", "parent", "source", "stage_ctx", "stage_name", "untraced")
 
     def __init__(self, tracing: Tracing, state: Any, parent: Any, source: str | None):
         self.tracing = tracing
@@ -149,6 +151,7 @@ class StreamTrace:
         self.source = source  # where the parent came from: grpc-metadata, request-headers, or None
         self.stage_ctx: Any = None  # the running stage span's context (the decision span's parent)
         self.stage_name: str | None = None
+        self.untraced: dict[Phase, int] | None = None  # streamed phases: chunks run without a span so far
 
     async def phase(self, pipeline: Any, state: Any, msg: Any) -> Any:
         """`pipeline.run(state, msg)` under a span named after the phase (stages under it when sampled)."""
@@ -163,6 +166,15 @@ class StreamTrace:
                     carrier["tracestate"] = state_value
                 self.parent = t._propagator.extract(carrier)
                 self.source = "request-headers"
+        untraced = 0
+        if phase in pipeline.streamed:  # a chunk of a streamed body: spans for the first and the last only
+            seen = self.untraced
+            if seen is None:
+                seen = self.untraced = {}
+            if phase in seen and not msg.end_of_stream:
+                seen[phase] += 1
+                return await pipeline.run(state, msg)
+            untraced = seen.setdefault(phase, 0)
         route = state.route
         span = t.tracer.start_span(f"ext_proc {phase.value}", context=self.parent, kind=t._server, attributes={
             "adapter.route": route.name if route is not None else "unknown", "adapter.phase": phase.value,
@@ -181,6 +193,8 @@ class StreamTrace:
             raise
         name = _verdict_name(verdict)
         span.set_attribute("adapter.verdict", name)
+        if untraced:
+            span.set_attribute("adapter.chunks_untraced", untraced)  # chunks between the first and this one
         if name in ("reject", "respond"):
             span.set_attribute("http.response.status_code", verdict.status)
             if name == "reject":

@@ -233,6 +233,34 @@ async def test_a_stage_that_raises_ends_its_span_with_an_error_and_the_request_g
     tracing.shutdown()
 
 
+async def test_a_streamed_body_gets_spans_for_its_first_and_last_chunk_only(tmp_path, receiver):
+    snap = load_file(config(tmp_path, receiver.address))
+    tracing = Tracing(snap.spec.spec.tracing)
+
+    class Chunks:
+        name = "chunks"
+        streams = (Phase.RESPONSE_BODY,)
+        seen = 0
+
+        def on_response_body(self, state, msg):
+            Chunks.seen += 1
+            return CONTINUE
+
+    pipeline = Pipeline([Chunks()])
+    state = RequestState(snapshot=snap, route=snap.routes["v1-analyze"], started=0.0, request_id="r")
+    trace = tracing.stream([_Context(("traceparent", SAMPLED)).md[0]], state)
+    for i in range(10):
+        await trace.phase(pipeline, state, HttpMessage(Phase.RESPONSE_BODY, body=b"data: {}\n\n", end_of_stream=i == 9))
+    assert Chunks.seen == 10  # every chunk ran its stages
+    assert tracing.flush()
+    spans = receiver.wait(lambda got: len(got) >= 4)
+    phases = sorted((s for s in spans if s.name == "ext_proc response_body"), key=lambda s: s.start_ns)
+    assert len(phases) == 2 and len([s for s in spans if s.name == "stage chunks"]) == 2
+    assert "adapter.chunks_untraced" not in phases[0].attributes
+    assert phases[1].attributes["adapter.chunks_untraced"] == 8
+    tracing.shutdown()
+
+
 def test_reloads_keep_replace_and_drop_the_provider(tmp_path):
     svc, _ = service(config(tmp_path, "127.0.0.1:4317"))
     first = svc.runtime.tracing
