@@ -10,12 +10,16 @@ processor rewrites the request into it; `dispatch`, next in the same reply, rout
 route's backend. The service's answer,
 whatever its status, becomes the tool result in the caller's protocol (OpenAI `role: tool`
 message, Anthropic `tool_result` block, MCP `tools/call` result), returned with status 200: the
-tool call was executed; its outcome is in the result.
+tool call was executed; its outcome is in the result. A 5xx of the service's own has its body
+replaced by a safe message naming the request id, under which the body is logged (it can carry the
+service's internals); 4xx bodies, the API's error contract, are kept.
 Cost: one JSON parse, one jsonschema validation (validator built once per tool), one request build;
 on the way back one JSON parse and encode.
 """
 
 from __future__ import annotations
+
+import logging
 
 import orjson
 
@@ -26,6 +30,9 @@ from extproc.semantic.toolcall import (ToolCallError, anthropic_tool_result, bui
                                        tool_result)
 from extproc.stages.body_limit import check_length
 from extproc.types import CONTINUE, HttpMessage, Mutate, RequestState, Verdict
+
+ERROR_LOG_LIMIT = 2048  # bytes of a service's 5xx body written to the log
+log = logging.getLogger(__name__)
 
 
 class ToolCall:
@@ -75,7 +82,19 @@ class ToolCall:
         call = state.attrs.get("tool_call")
         if call is None:  # no call was made (a response body with no request body before it): as it is
             return CONTINUE
-        result = tool_result(state.response_status or 0, state.attrs.get("response_headers", {}), msg.body)
+        status = state.response_status or 0
+        body = msg.body
+        if status >= 500 and (state.response_details == "via_upstream" if state.response_details is not None
+                              else bool(state.served)):
+            # the service's own 5xx: its body can carry internals (a stack trace, a file path, a token);
+            # the caller gets the status and a safe message, the log gets the body (4xx bodies are the
+            # API's error contract, which the model needs to correct its call: kept)
+            log.warning("route %s: tool service %s answered HTTP %d to request %s; its body, not returned: %r",
+                        state.route.name, state.served, status, state.request_id, body[:ERROR_LOG_LIMIT])
+            body = orjson.dumps({"error": f"the service answered HTTP {status}; the gateway logged its answer "
+                                          f"under request id {state.request_id}"})
+            state.attrs["response_headers"] = {"content-type": "application/json"}
+        result = tool_result(status, state.attrs.get("response_headers", {}), body)
         if call.protocol == "anthropic":
             out = anthropic_tool_result(result, call.call_id)
         elif call.protocol == "mcp":
