@@ -12,6 +12,8 @@ What, in one report (pretty, or `--json` for scripts):
 - **tenants**: the configured tenants with their quota and the tenant agent's live numbers (CPU use
   against the limit, throttling, admitted / rejected) when its snapshot is there (`ebpf/snapshot.py`,
   `/dev/shm/adapter-gateway/...`; `agent: not running` otherwise);
+- **budgets** (tenants with `budget`): per tenant this minute's and today's requests and tokens against
+  its limits, from the budget store (`extproc/qos/budget_store.budgets_view`);
 - **rollouts**: arms, weights, samples and the plan's step and status (`GET /canary`);
 - **qos** (configs with `spec.qos`): per SLO and objective the attainment over the matrix horizon, the
   workers' counts added up (`qos-<worker>.json` in the state dir, `extproc/qos/engine.aggregate`), the
@@ -127,6 +129,10 @@ def gather(admin: str) -> dict[str, Any]:
     if snap is not None:
         doc["backends"] = backends_view(snap, config.get("state_dir"))
         doc.update(tenants_view(snap))
+        if any(getattr(t, "budget", None) is not None for t in snap.tenants):
+            from extproc.qos.budget_store import budgets_view
+
+            doc["budgets"] = budgets_view(snap, config.get("state_dir"))
         if getattr(snap.spec.spec, "qos", None) is not None:
             from extproc.qos.engine import aggregate
 
@@ -162,6 +168,16 @@ def pretty(doc: dict[str, Any]) -> str:
         lines.append(f"tenants ({'agent ' + json.dumps(agent) if agent else ''}):")
         for t in doc["tenants"]:
             lines.append(f"  {t['id']}: quota {t.get('cpu_quota')} live {json.dumps(t.get('live'))}")
+    budgets = doc.get("budgets")
+    if budgets is not None:
+        lines.append(f"budgets (store {budgets['store']}):")
+        for t, v in budgets["tenants"].items():
+            if "error" in v:
+                lines.append(f"  {t}: {v['error']}")
+                continue
+            parts = [f"{w} {v[w]['requests']}/{v[w]['limits'][0] or '-'} requests "
+                     f"{v[w]['tokens']}/{v[w]['limits'][1] or '-'} tokens" for w in ("minute", "day")]
+            lines.append(f"  {t}: " + "; ".join(parts))
     qos = doc.get("qos")
     if qos is not None:
         ages = ", ".join(f"worker {w['worker']} {w['age_s']}s ago" for w in qos.get("workers", ()))

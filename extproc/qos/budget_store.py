@@ -247,6 +247,12 @@ return 1
 """
 
 
+def redis_keys(prefix: str, tenant: str, idx: tuple[int, int]) -> list[str]:
+    """The minute's and the day's hash of `tenant` for window indexes `idx`."""
+    tag = f"{prefix}:{{{tenant}}}"  # one hash slot per tenant (Redis Cluster)
+    return [f"{tag}:m:{idx[0]}", f"{tag}:d:{idx[1]}"]
+
+
 class RedisStore:
     kind = "redis"
 
@@ -264,8 +270,7 @@ class RedisStore:
         self._adjust = self.client.register_script(_ADJUST)
 
     def keys(self, tenant: str, idx: tuple[int, int]) -> list[str]:
-        tag = f"{self.prefix}:{{{tenant}}}"  # one hash slot per tenant (Redis Cluster)
-        return [f"{tag}:m:{idx[0]}", f"{tag}:d:{idx[1]}"]
+        return redis_keys(self.prefix, tenant, idx)
 
     async def charge(self, tenant: str, limits: Limits, tokens: int, now: float) -> Decision:
         idx = window_indexes(now)
@@ -397,5 +402,50 @@ class BudgetMetrics:
                               ["store"], registry=reg, multiprocess_mode="livemostrecent")
 
 
+def budgets_view(snap: Any, state_dir: str | None, now: float | None = None) -> dict[str, Any]:
+    """`adapterctl status`: per tenant with a budget, its limits and this minute's and today's counts, read
+    from the store the config names (the workers' shared file in `state_dir`, or Redis with a 1 s timeout)."""
+    from extproc.qos.budget import Limits, header_values
+
+    now = time.time() if now is None else now
+    spec = snap.spec.spec.budget_store
+    tenants = [t for t in snap.tenants if getattr(t, "budget", None) is not None]
+    out: dict[str, Any] = {"store": spec.kind, "tenants": {}}
+    if not tenants:
+        return out
+    read: Any
+    if spec.kind == "redis":
+        import redis
+
+        client = redis.Redis.from_url(spec.url, socket_timeout=1, socket_connect_timeout=1)
+
+        def read(tenant: str) -> tuple[WindowState, WindowState]:
+            keys = redis_keys(spec.key_prefix, tenant, window_indexes(now))
+            counts = [[int(x) if x is not None else 0 for x in client.hmget(k, "r", "t", "p")] for k in keys]
+            return _windows(counts, now)
+    else:
+        path = Path(state_dir) / FILE_NAME if state_dir else None
+        if path is None or not path.exists():
+            out["note"] = "no worker has counted a budgeted request yet"
+            store = MemoryStore()
+        else:
+            store = MemoryStore(state_dir)
+
+        def read(tenant: str) -> tuple[WindowState, WindowState]:
+            return store.read_sync(tenant, now)
+    for t in tenants:
+        limits = Limits.of(t.budget)
+        try:
+            m, d = read(t.id)
+        except Exception as e:  # noqa: BLE001 - the store may be down; status still shows the rest
+            out["tenants"][t.id] = {"error": f"{type(e).__name__}: {e}"[:200]}
+            continue
+        out["tenants"][t.id] = {
+            "minute": {"requests": m.requests, "tokens": m.tokens, "limits": list(limits.minute)},
+            "day": {"requests": d.requests, "tokens": d.tokens, "limits": list(limits.day)},
+            "headers": header_values(limits, (m, d))}
+    return out
+
+
 __all__ = ["MemoryStore", "RedisStore", "BudgetState", "BudgetMetrics", "StoreUnavailable", "FILE_NAME", "DAY",
-           "MINUTE"]
+           "MINUTE", "budgets_view"]

@@ -130,6 +130,14 @@ def test_headers_decrease_monotonically_across_both_workers_and_usage_is_exact(s
     assert wait_for(lambda: store_tokens(stack, "acme"), (8, used)) == (8, used)
     # ... which is below what the headers last showed as spent (the peak): refunds happened, the header held
     assert used < 10000000 - tokens[-1]
+    # adapterctl status shows the same counts
+    from extproc.status_cli import gather, pretty
+
+    doc = gather(stack.processor_admin_url)
+    acme = doc["budgets"]["tenants"]["acme"]
+    assert doc["budgets"]["store"] == "memory"
+    assert (acme["day"]["requests"], acme["day"]["tokens"]) == (8, used) and acme["day"]["limits"] == [None, 10000000]
+    assert f"acme: minute {acme['minute']['requests']}/1000 requests" in pretty(doc)
 
 
 def test_exhausted_budget_is_429_in_the_openai_dialect_that_the_openai_client_raises(stack):
