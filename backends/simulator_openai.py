@@ -1457,16 +1457,13 @@ async def serve(settings: SimulatorSettings, shutdown_event: asyncio.Event, *,
         await app.abort_in_flight()
 
     aborter = asyncio.create_task(abort_after_grace())
-    reaper = asyncio.create_task(hypercorn_drain.reap_after(  # the hard stop behind hypercorn's
-        shutdown_event, config.graceful_timeout + 0.5, protect={asyncio.current_task(), aborter}))
     if on_ready is not None:
         on_ready(host, port)
     try:
         await hypercorn_serve(app, config, shutdown_trigger=shutdown_event.wait)
     finally:
-        for task in (aborter, reaper):
-            task.cancel()
-        await asyncio.gather(aborter, reaper, return_exceptions=True)
+        aborter.cancel()
+        await asyncio.gather(aborter, return_exceptions=True)
         await app.aclose()
     log.info("simulator on %s:%d stopped", host, port)
 
