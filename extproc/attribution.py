@@ -21,8 +21,10 @@ components (the `component` label of `adapter_processor_latency_seconds{route,co
 - `upstream_ttfb`: from the processor's last request-phase reply (the request released to the router) to
   the first response message the processor receives: Envoy's router, connection, the network both ways,
   the engine's queue and (unstreamed) its whole generation, and Envoy handing the headers to ext_proc.
-- `upstream_first_token`: the same start to the first response body chunk with bytes (streamed: an SSE
-  stream's first event, which engines send with the first token; TTFT as the gateway sees it).
+- `upstream_first_token`: streamed answers only (the client asked for a stream): the same start to the
+  first response body chunk with bytes, an SSE stream's first event, which engines send once the prefill
+  produced the first token (vLLM's first event carries the role, with the first token); TTFT as the
+  gateway sees it. An unstreamed answer's first body chunk is its whole body: not a first token.
 What could not be measured: Envoy's own time after the processor's reply (router, upstream connection
 setup) and before it forwards response messages to the processor is inside the upstream components; Envoy's
 time after the last response message (sending to the client) is not seen at all: the ext_proc filter
@@ -155,8 +157,10 @@ class Timing:
         if released is not None:
             if state.first_byte is not None and state.first_byte >= released:
                 out["upstream_ttfb"] = state.first_byte - released
-            if state.first_body is not None and state.first_body >= released:
-                out["upstream_first_token"] = state.first_body - released
+            req = state.request
+            if state.first_body is not None and state.first_body >= released and req is not None \
+                    and getattr(req, "stream", False):
+                out["upstream_first_token"] = state.first_body - released  # a streamed answer's first event
         return out
 
 

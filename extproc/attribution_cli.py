@@ -107,7 +107,8 @@ def breakdown(hists: dict[tuple[str, str], Hist], route: str | None = None) -> d
             continue
         row: dict[str, Any] = {"count": int(h["count"]), "mean_ms": round(h["sum"] / h["count"] * 1000.0, 3)}
         for q in QUANTILES:
-            v = quantile(q, h["buckets"])
+            # every observation 0 (the queue today): exactly 0, not the middle of the first bucket
+            v = 0.0 if h["sum"] == 0 else quantile(q, h["buckets"])
             row[f"p{round(q * 100)}_ms"] = round(v * 1000.0, 3) if v is not None else None
         entry = out.setdefault(r, {"requests": 0, "components": {}})
         entry["components"][component] = row

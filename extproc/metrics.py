@@ -56,8 +56,9 @@ GENAI_TOKEN_BUCKETS = tuple(float(4 ** k) for k in range(14))  # 1, 4, 16, ..., 
 GENAI_LABELS = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "server_address",
                 "server_port"]
 LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-# latency attribution: processor phases (tens of us) to a long prefill (seconds)
-ATTRIBUTION_BUCKETS = LATENCY_BUCKETS + (2.5, 5.0, 10.0, 30.0)
+# latency attribution: processor phases (tens of us) to a long prefill (seconds), five per decade, fine
+# enough for `adapterctl attribution`'s quantiles (a bucket spans at most a factor of two)
+ATTRIBUTION_BUCKETS = tuple(round(m * 10.0 ** e, 9) for e in range(-5, 1) for m in (2, 3, 5, 7, 10)) + (20.0, 30.0)
 
 
 class ProcessorMetrics:

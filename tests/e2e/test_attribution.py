@@ -84,6 +84,9 @@ def test_the_header_is_well_formed_and_names_each_component_it_knows_at_response
     assert {"envoy", "processor_request_headers", "processor_request_body", "queue", "upstream_ttfb",
             "total"} <= set(metrics), metrics
     assert "processor_response_body" not in metrics and "upstream_first_token" not in metrics
+    url = gateway.processor_admin_url + "/metrics"
+    wait_metric(url, LATENCY + "_count", 1, timeout=10, route="v1-analyze", component="upstream_ttfb")
+    assert metric_sum(url, LATENCY + "_count", route="v1-analyze", component="upstream_first_token") == 0  # unstreamed
     assert metrics["queue"] == {"dur": "0.000", "desc": "no gateway queue"}
     d = durations(r.headers["server-timing"])
     assert all(v >= 0 for v in d.values())
@@ -144,8 +147,10 @@ def test_streams_first_token_follows_the_prefill_and_comes_after_the_first_byte(
 
 def test_metrics_split_by_route_and_component(gateway):
     url = gateway.processor_admin_url + "/metrics"
+    n = metric_sum(url, LATENCY + "_count", route="v1-chat-completions", component="queue")
     chat(gateway, "acme", SHORT)
-    wait_metric(url, LATENCY + "_count", 1, timeout=10, route="v1-chat-completions", component="queue")
+    chat(gateway, "acme", SHORT, stream=True)
+    wait_metric(url, LATENCY + "_count", n + 2, timeout=10, route="v1-chat-completions", component="queue")
     for component in ("envoy", "processor_request_headers", "processor_request_body", "processor_response_headers",
                       "processor_response_body", "queue", "upstream_ttfb", "upstream_first_token"):
         assert metric_sum(url, LATENCY + "_count", route="v1-chat-completions", component=component) >= 1, component
