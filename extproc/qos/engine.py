@@ -212,6 +212,19 @@ class QosRuntime:
         self._index: int | None = None  # the current window's number
         self._published = -1e18
         self.windows_closed = 0
+        self._children: dict[tuple, Any] = {}
+
+    def count(self, metric: Any, labels: tuple[str, ...], sink: Any = None) -> None:
+        """A per-request counter: buffered in the worker's `Pending` (`sink`: Runtime.metrics_sink, flushed
+        every 250 ms with the other request metrics) when there is one; the labelled child is cached."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        if sink is not None:
+            sink.pending.inc(child)
+        else:
+            child.inc()
 
     @property
     def metrics(self) -> QosMetrics:

@@ -64,10 +64,11 @@ class QosAdmit:
                 source = "matrix"
         state.attrs[BASE_ATTR] = (base, source)
         state.attrs[PRIORITY_ATTR] = cls
-        q.metrics.priority.labels(cls.name, source).inc()
+        sink = getattr(state.runtime, "metrics_sink", None)
+        q.count(q.metrics.priority, (cls.name, source), sink)
         if not cls.critical and q.breaker.is_open(tenant):
             state.attrs[SHED_ATTR] = True
-            q.metrics.shed.labels(tenant, name or "unknown").inc()
+            q.count(q.metrics.shed, (tenant, name or "unknown"), sink)
             return reject(429, "tenant_glitch",
                           f"tenant {tenant}'s P99 latency is over its glitch threshold "
                           f"({cfg.thresholds[tenant] * 1000:g} ms) for {cfg.breaker.windows} windows in a row: its "
