@@ -190,3 +190,23 @@ def test_status_adds_up_the_workers_files(tmp_path):
     assert chat["deviation"] == pytest.approx(50.0 - 99.0)
     assert chat["escalated_workers"] == [1]
     assert aggregate(str(tmp_path / "none")) is None
+
+
+def test_status_pretty_shows_attainment_deviation_and_breakers(tmp_path):
+    from extproc.status_cli import pretty
+
+    cfg = qos_of(load_text(CONFIG.replace("  tenants: [{id: tenant-a}]", "  tenants: [{id: tenant-a}]").replace(
+        "    slos:", "    tenants: [{tenant: tenant-a, glitchThreshold: 8.5ms}]\n    slos:"), "q.yaml"))
+    q = QosRuntime(3, str(tmp_path), clock=Clock(0.0))
+    q.configure(cfg)
+    for i in range(4):
+        q.record(Sample(e2e=0.5 if i else 5.0, error=False), "api", "tenant-a", "P1")
+    q.slo.close(0, -5.0, -2.0)
+    for i in range(3):
+        q.record(Sample(e2e=0.02, error=False), "api", "tenant-a", "P1")
+        q.breaker.close(i)
+    q.publish()
+    text = pretty({"config": {"workers": []}, "qos": aggregate(str(tmp_path))})
+    assert "slo chat: e2e 75.0% of 4 (target 99.0%); deviation -24.0 points; matrix escalated in workers [3]" in text
+    assert ("tenant tenant-a: glitch breaker SHEDDING (breaker open in workers [3]); last window P99 20.00 ms "
+            "(threshold 8.5 ms), trips 1") in text
