@@ -14,6 +14,13 @@ close as before (their responses are written before the stream closes).
 
 Cost: nothing while serving; at shutdown at most `DRAIN_WAIT_S` per connection, in parallel.
 
+`reap_after()` is the hard stop behind the graceful one. Hypercorn cancels the tasks still running
+when its `graceful_timeout` ends, once; a request task whose application was cancelled then sends
+hypercorn's own 500 in a `finally` and waits there for a send buffer that the closed connection
+never drains, so the cancel is spent and the process never exits (seen about once in ten SIGTERMs
+under load: the simulator's loop idle, one Envoy stream left waiting until its timeout). The
+reaper cancels every other task again, every 50 ms, until the server has returned.
+
 Used by the OpenAI/vLLM simulator and our ONNX Runtime server, both of which pin hypercorn
 0.18.0 (pyproject.toml); `install()` leaves other versions alone and says so, since it reaches
 into hypercorn's internals.
@@ -83,3 +90,23 @@ def install() -> bool:
     TCPServer._initiate_server_close = _initiate_server_close
     setattr(TCPServer, _MARK, True)
     return True
+
+
+async def reap_after(shutdown_event: asyncio.Event, delay_s: float, protect: set[asyncio.Task],
+                     every_s: float = 0.05) -> None:
+    """Once `shutdown_event` is set and `delay_s` more have passed, cancel every task other than
+    `protect` and this one, again every `every_s`, until cancelled itself (the caller cancels it
+    when its server has returned)."""
+    await shutdown_event.wait()
+    await asyncio.sleep(delay_s)
+    me = asyncio.current_task()
+    warned = False
+    while True:
+        others = [t for t in asyncio.all_tasks() if t is not me and t not in protect and not t.done()]
+        if others and not warned:
+            log.warning("%d tasks still running %.1f s after the stop began; cancelling them", len(others), delay_s)
+            warned = True
+        for task in others:
+            task.cancel()
+        await asyncio.sleep(every_s)
+

@@ -1457,13 +1457,16 @@ async def serve(settings: SimulatorSettings, shutdown_event: asyncio.Event, *,
         await app.abort_in_flight()
 
     aborter = asyncio.create_task(abort_after_grace())
+    reaper = asyncio.create_task(hypercorn_drain.reap_after(  # the hard stop behind hypercorn's
+        shutdown_event, config.graceful_timeout + 0.5, protect={asyncio.current_task(), aborter}))
     if on_ready is not None:
         on_ready(host, port)
     try:
         await hypercorn_serve(app, config, shutdown_trigger=shutdown_event.wait)
     finally:
-        aborter.cancel()
-        await asyncio.gather(aborter, return_exceptions=True)
+        for task in (aborter, reaper):
+            task.cancel()
+        await asyncio.gather(aborter, reaper, return_exceptions=True)
         await app.aclose()
     log.info("simulator on %s:%d stopped", host, port)
 
@@ -1565,11 +1568,30 @@ def _parse_args(argv: list[str] | None) -> SimulatorSettings:
         raise  # unreachable: parser.error exits
 
 
+def _dump_tasks() -> None:
+    """SIGUSR1: print every asyncio task's stack to stderr (what a process that will not stop waits on)."""
+    tasks = asyncio.all_tasks()
+    print(f"simulator: {len(tasks)} asyncio tasks", file=sys.stderr, flush=True)
+    for task in tasks:
+        print(f"task {task.get_name()}{' (cancelling)' if task.cancelling() else ''}:", file=sys.stderr)
+        awaitable = task.get_coro()
+        while awaitable is not None:  # the whole await chain, not only the task's top frame
+            frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "gi_frame", None)
+            if frame is not None:
+                print(f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}", file=sys.stderr)
+            awaitable = getattr(awaitable, "cr_await", None) or getattr(awaitable, "gi_yieldfrom", None)
+        waiting = getattr(task, "_fut_waiter", None)
+        if waiting is not None:
+            print(f"  waiting on {waiting!r}", file=sys.stderr)
+    sys.stderr.flush()
+
+
 async def _run_until_signalled(settings: SimulatorSettings) -> None:
     shutdown = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, shutdown.set)
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)  # debugging a stop that does not end
 
     def announce(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host

@@ -85,6 +85,15 @@ def grpc_options(max_message: int) -> list[tuple[str, int]]:
     ]
 
 
+def mtls_server_credentials(tls) -> grpc.ServerCredentials:
+    """`spec.processor.tls`: the worker's certificate, and client certificates required and checked
+    against the CA (a client without one, or with another CA's, fails the handshake). Read at start:
+    a reload does not change them (restart the workers: `adapterctl restart --rolling`)."""
+    with open(tls.cert_file, "rb") as c, open(tls.key_file, "rb") as k, open(tls.ca_file, "rb") as ca:
+        return grpc.ssl_server_credentials([(k.read(), c.read())], root_certificates=ca.read(),
+                                           require_client_auth=True)
+
+
 async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Event | None = None,
                 announce: Callable[[str], None] | None = None) -> None:
     """`announce(line)` gets the protocol lines (ready, loaded, refused); run_worker prints them."""
@@ -113,7 +122,10 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     tls = snapshot.epp.tls if snapshot.epp is not None else None
     try:
-        if tls is None:
+        if snapshot.processor.tls is not None:  # mTLS with Envoy: only clients the CA signed get in
+            bound = server.add_secure_port(f"{settings.address}:{settings.port}",
+                                           mtls_server_credentials(snapshot.processor.tls))
+        elif tls is None:
             bound = server.add_insecure_port(f"{settings.address}:{settings.port}")
         else:  # EPP mode over TLS (kgateway, Envoy AI Gateway connect to an EPP with TLS)
             with open(tls[0], "rb") as cert, open(tls[1], "rb") as key:

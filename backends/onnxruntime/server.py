@@ -310,7 +310,13 @@ async def _serve_hypercorn(app: OrtHttpApp, sock: socket.socket, settings: Serve
     config.accesslog = None
     config.graceful_timeout = SHUTDOWN_GRACE_S
     config.h2_max_concurrent_streams = 1024
-    await hypercorn_serve(app, config, shutdown_trigger=shutdown_event.wait)
+    reaper = asyncio.create_task(hypercorn_drain.reap_after(  # the hard stop behind hypercorn's
+        shutdown_event, config.graceful_timeout + 0.5, protect={asyncio.current_task()}))
+    try:
+        await hypercorn_serve(app, config, shutdown_trigger=shutdown_event.wait)
+    finally:
+        reaper.cancel()
+        await asyncio.gather(reaper, return_exceptions=True)
 
 
 async def _serve_uvicorn(app: OrtHttpApp, sock: socket.socket, settings: ServerSettings,

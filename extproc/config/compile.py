@@ -233,6 +233,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
                   "a route can only trust another header")
     epp = _compile_epp(spec.epp, backends, plugins, profiles, refused, issue) if spec.epp is not None else None
     _check_ports(gw, issue)
+    _check_processor_tls(gw, issue)
     if issues.found:
         raise ConfigError(issues.found)
     return Snapshot(
@@ -1064,6 +1065,17 @@ def _close_objects(node: dict[str, Any]) -> None:
             _close_objects(child)
     elif node.get("type") == "array":
         _close_objects(node.get("items", {}))
+
+
+def _check_processor_tls(gw: AdapterGateway, issue: Any) -> None:
+    """`spec.processor.tls`: every PEM file readable (the workers and Envoy read them at start)."""
+    tls = gw.spec.processor.tls
+    if tls is None:
+        return
+    for field_name, name in (("certFile", tls.cert_file), ("keyFile", tls.key_file), ("caFile", tls.ca_file),
+                             ("clientCertFile", tls.client_cert_file), ("clientKeyFile", tls.client_key_file)):
+        if not os.access(name, os.R_OK):
+            issue(("spec", "processor", "tls", field_name), f"cannot read {name}")
 
 
 def _check_ports(gw: AdapterGateway, issue: Any) -> None:

@@ -127,6 +127,19 @@ class AdminSpec(_Model):
     port: Port = 9901
 
 
+class ProcessorTlsSpec(_Model):
+    """mTLS between Envoy and the processor workers (docs/limits.md): PEM files, absolute paths. The
+    workers serve with `certFile`/`keyFile` and accept only clients whose certificate `caFile` signed;
+    Envoy connects with `clientCertFile`/`clientKeyFile` and accepts only a worker certificate that
+    `caFile` signed (and, with `serverName`, that names it: SNI and subject alt name)."""
+    cert_file: Annotated[str, Field(pattern=r"^/")]
+    key_file: Annotated[str, Field(pattern=r"^/")]
+    ca_file: Annotated[str, Field(pattern=r"^/")]
+    client_cert_file: Annotated[str, Field(pattern=r"^/")]
+    client_key_file: Annotated[str, Field(pattern=r"^/")]
+    server_name: Annotated[str, Field(min_length=1)] | None = None
+
+
 class ProcessorSpec(_Model):
     """The ext_proc processor: N worker processes, each its own Envoy endpoint."""
     address: str = "127.0.0.1"  # where Envoy reaches the workers (an IP, or a host name in compose)
@@ -143,6 +156,7 @@ class ProcessorSpec(_Model):
     # where canary rollout state (plans with `plan:`) is kept across restarts; relative paths are
     # relative to the config file's directory; default `.adapter-state` beside the config file
     state_dir: Annotated[str, Field(min_length=1)] | None = None
+    tls: ProcessorTlsSpec | None = None  # mTLS between Envoy and the workers (default: plaintext h2c on loopback)
 
 
 ENGINES = ("vllm", "sglang", "triton", "onnxruntime", "openai", "llamacpp")

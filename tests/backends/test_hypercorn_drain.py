@@ -46,3 +46,36 @@ def test_install_patches_hypercorn_once():
     patched = TCPServer._initiate_server_close
     assert hypercorn_drain.install() is True
     assert TCPServer._initiate_server_close is patched
+
+
+def test_the_reaper_ends_a_task_that_spent_its_cancel_in_a_finally():
+    """The hypercorn hang: a request task cancelled once sends its 500 in `finally` and waits there
+    for a buffer that never drains. The reaper cancels it again; a protected task is left alone."""
+
+    async def run() -> tuple[bool, bool, bool]:
+        never = asyncio.Event()
+        stop = asyncio.Event()
+
+        async def request() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                await never.wait()  # the second wait: only a second cancel ends it
+
+        async def protected() -> None:
+            await asyncio.sleep(0.5)
+
+        stuck, kept = asyncio.create_task(request()), asyncio.create_task(protected())
+        await asyncio.sleep(0)
+        stuck.cancel()  # hypercorn's one cancel at the end of its graceful timeout
+        await asyncio.sleep(0.02)
+        assert not stuck.done()
+        reaper = asyncio.create_task(hypercorn_drain.reap_after(stop, 0.01, protect={kept, asyncio.current_task()}, every_s=0.01))
+        stop.set()
+        await asyncio.wait({stuck}, timeout=5)
+        reaper.cancel()
+        await asyncio.gather(reaper, return_exceptions=True)
+        return stuck.cancelled(), kept.done(), kept.cancelled()
+
+    stuck_cancelled, _kept_done, kept_cancelled = asyncio.run(run())
+    assert stuck_cancelled and not kept_cancelled
