@@ -3,7 +3,7 @@
 tenant-a's requests take longer than its 1 ms glitch threshold (the simulator decodes at 200 tokens/s),
 so after 3 windows in a row its non-critical requests get 429 `tenant_glitch` with Retry-After in the
 route's dialect (the OpenAI error object), while its critical (P0) requests and tenant-b (threshold 60 s)
-are served; the breaker shows in the metrics and `adapterctl status`; once tenant-a stops sending slow
+are served; the breaker and the SLO's attainment show in the metrics and `adapterctl status`; once tenant-a stops sending slow
 traffic, the breaker closes after its recovery windows and its requests are served again. One worker, so
 the one breaker is the gateway's (each worker judges its own share otherwise: docs/qos.md).
 """
@@ -34,6 +34,7 @@ spec:
     routes: [{route: api, objectiveHeader: x-gateway-inference-objective}]
     tenants: [{tenant: tenant-a, glitchThreshold: 1ms}, {tenant: tenant-b, glitchThreshold: 60s}]
     breaker: {windows: 3, recoveryWindows: 10, retryAfter: 2}
+    slos: [{name: chat, route: api, p99: 60s, errorRate: 1}]
 """
 
 
@@ -76,6 +77,7 @@ def test_a_spiking_tenant_is_shed_then_recovers(stack_factory, tmp_path, capsys)
     metrics = httpx.get(f"{st.processor_admin_url}/metrics", timeout=5).text
     assert 'adapter_qos_breaker_trips_total{tenant="tenant-a"} 1.0' in metrics
     assert 'adapter_qos_shed_total{route="api",tenant="tenant-a"}' in metrics
+    assert 'adapter_qos_slo_requests_total{objective="e2e",result="met",slo="chat"}' in metrics
     # adapterctl status: published at most every 0.5 s; keep the spike going until it shows
     deadline = time.monotonic() + 10
     while True:
@@ -85,6 +87,9 @@ def test_a_spiking_tenant_is_shed_then_recovers(stack_factory, tmp_path, capsys)
             break
     assert doc["tenants"]["tenant-a"]["open"] and doc["tenants"]["tenant-a"]["open_workers"] == [0]
     assert not doc["tenants"]["tenant-b"]["open"]
+    chat_slo = doc["slos"]["chat"]  # every served request within 60 s and none failed; shed ones not counted
+    assert chat_slo["total"]["e2e"]["counted"] > 0 and chat_slo["total"]["e2e"]["attainment"] == 1.0
+    assert chat_slo["total"]["error"]["attainment"] == 1.0 and chat_slo["escalated_workers"] == []
     # the spike passes: no more slow tenant-a traffic; shed probes are no samples, quiet windows are calm
     deadline = time.monotonic() + 20
     while True:
