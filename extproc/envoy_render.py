@@ -326,6 +326,30 @@ def worker_count(snap: Snapshot, workers: int | None = None) -> int:
     return workers or snap.processor.workers or os.cpu_count() or 1
 
 
+def processor_transport(snap: Snapshot) -> dict[str, Any]:
+    """With `spec.processor.tls`: Envoy's side of mTLS to the workers (its client certificate; the
+    workers' certificate checked against the CA and, with `serverName`, for that name). ALPN h2:
+    gRPC servers expect it."""
+    tls = snap.processor.tls
+    if tls is None:
+        return {}
+    validation: dict[str, Any] = {"trusted_ca": {"filename": tls.ca_file}}
+    if tls.server_name:
+        validation["match_typed_subject_alt_names"] = [{"san_type": "DNS", "matcher": {"exact": tls.server_name}}]
+    ctx: dict[str, Any] = {
+        "@type": _T + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+        "common_tls_context": {
+            "tls_certificates": [{"certificate_chain": {"filename": tls.client_cert_file},
+                                  "private_key": {"filename": tls.client_key_file}}],
+            "validation_context": validation,
+            "alpn_protocols": ["h2"],
+        },
+    }
+    if tls.server_name:
+        ctx["sni"] = tls.server_name
+    return {"transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": ctx}}
+
+
 def processor_cluster(snap: Snapshot, workers: int) -> dict[str, Any]:
     """One endpoint per worker (each its own HTTP/2 connection), gRPC health checked."""
     address, base_port = snap.processor.address, snap.processor.base_port
@@ -350,6 +374,7 @@ def processor_cluster(snap: Snapshot, workers: int) -> dict[str, Any]:
         }],
         "load_assignment": {"cluster_name": PROCESSOR_CLUSTER, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": _addr(address, base_port + i)}} for i in range(workers)]}]},
+        **processor_transport(snap),
     }
 
 
@@ -363,6 +388,7 @@ def als_clusters(snap: Snapshot, workers: int) -> list[dict[str, Any]]:
         "typed_extension_protocol_options": _http2_options(keepalive=True),
         "load_assignment": {"cluster_name": f"{ALS_CLUSTER_PREFIX}{i}", "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": _addr(address, base_port + i)}}]}]},
+        **processor_transport(snap),
     } for i in range(workers)]
 
 
@@ -675,7 +701,7 @@ def render_yaml(snap: Snapshot, workers: int | None = None) -> str:
 
 __all__ = ["render", "render_yaml", "dump_yaml", "processing_mode", "route_configuration", "listener",
            "http_connection_manager", "backend_cluster", "load_assignment", "processor_cluster", "als_clusters",
-           "access_loggers", "tracing", "bootstrap_base", "worker_count", "uses_eds", "is_ip", "PROCESSOR_CLUSTER",
+           "access_loggers", "tracing", "bootstrap_base", "worker_count", "processor_transport", "uses_eds", "is_ip", "PROCESSOR_CLUSTER",
            "ALS_CLUSTER_PREFIX", "HEALTH_ROUTE", "DESTINATION_HEADER", "LB_METADATA_NAMESPACE", "DIGEST_METADATA_KEY",
            "ROUTE_CONFIG_NAME", "LISTENER_NAME", "STAT_PREFIX", "upstream_retry_policy", "processor_retry_policy",
            "NEVER_SENT_RETRY_ON", "SENT_RETRY_ON", "IDEMPOTENT_KINDS", "UPSTREAM_IDLE_TIMEOUT",
