@@ -158,10 +158,12 @@ def remaining(limits: Limits, windows: tuple[WindowState, WindowState]) -> dict[
     return out
 
 
-def header_values(limits: Limits, windows: tuple[WindowState, WindowState]) -> dict[str, str]:
-    """OpenAI's rate-limit headers, without the `x-ratelimit-` prefix: {"limit-requests": "60", ...}."""
+def header_values(limits: Limits, windows: tuple[WindowState, WindowState],
+                  rem: dict[str, tuple[int, int, float]] | None = None) -> dict[str, str]:
+    """OpenAI's rate-limit headers, without the `x-ratelimit-` prefix: {"limit-requests": "60", ...}
+    (`rem`: `remaining(limits, windows)` when the caller has it already)."""
     out: dict[str, str] = {}
-    for unit, (limit, left, reset) in remaining(limits, windows).items():
+    for unit, (limit, left, reset) in (rem if rem is not None else remaining(limits, windows)).items():
         out[f"limit-{unit}"] = str(limit)
         out[f"remaining-{unit}"] = str(left)
         out[f"reset-{unit}"] = go_duration(reset)
