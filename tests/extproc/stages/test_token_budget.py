@@ -164,3 +164,19 @@ def test_bad_budget_config_names_file_field_and_reason(budget, store, where, rea
         load_text(config(budget, store), filename="gw.yaml")
     text = str(e.value)
     assert "gw.yaml:" in text and where in text and reason in text, text
+
+
+def test_envoy_adds_the_ratelimit_headers_from_metadata_only_when_some_tenant_has_a_budget():
+    from extproc.envoy_render import route_configuration
+
+    def added(snap):
+        entries = route_configuration(snap)["virtual_hosts"][0]["routes"]
+        return {h["header"]["key"]: h["header"]["value"] for e in entries if "--" in e["name"]
+                for h in e.get("response_headers_to_add", ())}
+
+    with_budget = added(load_text(config()))
+    assert with_budget["x-ratelimit-remaining-tokens"] == "%DYNAMIC_METADATA(adapter:ratelimit_remaining_tokens)%"
+    assert sorted(k for k in with_budget if k.startswith("x-ratelimit-")) == sorted(
+        f"x-ratelimit-{a}-{u}" for a in ("limit", "remaining", "reset") for u in ("requests", "tokens"))
+    without = load_text(config().replace("budget: {tokensPerMinute: 100, requestsPerMinute: 5}", "cpu: {limit: 1}"))
+    assert not any(k.startswith("x-ratelimit-") for k in added(without))
