@@ -45,7 +45,7 @@ from typing import Any
 
 import orjson
 
-from extproc.apis.common import TranslationError, sse_event, text_of, tool_input, usage_of
+from extproc.apis.common import TranslationError, listed, named, sse_event, text_of, tool_input, usage_of
 
 NAME = "anthropic-messages"
 API = "anthropic.messages"
@@ -265,12 +265,12 @@ def from_chat(chat: dict[str, Any], ctx: dict[str, Any], request_id: str = "") -
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
-    for call in message.get("tool_calls") or ():
+    for call in listed(message.get("tool_calls")):
         if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
             continue
         fn = call["function"]
-        content.append({"type": "tool_use", "id": call.get("id") or f"toolu_{len(content)}",
-                        "name": fn.get("name") or "", "input": tool_input(fn.get("arguments"))})
+        content.append({"type": "tool_use", "id": named(call.get("id"), f"toolu_{len(content)}"),
+                        "name": named(fn.get("name")), "input": tool_input(fn.get("arguments"))})
     reason, sequence = _stop(choice.get("finish_reason"), choice.get("stop_reason"), ctx)
     if reason == "end_turn" and any(c["type"] == "tool_use" for c in content):
         reason = "tool_use"  # some servers finish tool calls with "stop"
@@ -326,7 +326,7 @@ class MessagesStream:
         u = usage_of(chunk)
         if u is not None:
             self.usage = u
-        for choice in chunk.get("choices") or ():
+        for choice in listed(chunk.get("choices")):
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
@@ -336,15 +336,15 @@ class MessagesStream:
                     out += self._open({"type": "text", "text": ""})
                 out.append(sse_event("content_block_delta", {"type": "content_block_delta", "index": self.block,
                                                              "delta": {"type": "text_delta", "text": text}}))
-            for call in delta.get("tool_calls") or ():
+            for call in listed(delta.get("tool_calls")):
                 if not isinstance(call, dict):
                     continue
-                i = call.get("index", 0)
+                i = call.get("index") if isinstance(call.get("index"), int) else 0
                 fn = call.get("function") if isinstance(call.get("function"), dict) else {}
                 if i not in self.tools:
                     self.has_tool = True
-                    out += self._open({"type": "tool_use", "id": call.get("id") or f"toolu_{self.request_id}_{i}",
-                                       "name": fn.get("name") or "", "input": {}})
+                    call_id = named(call.get("id"), f"toolu_{self.request_id}_{i}")
+                    out += self._open({"type": "tool_use", "id": call_id, "name": named(fn.get("name")), "input": {}})
                     self.tools[i] = self.block
                 args = fn.get("arguments")
                 if isinstance(args, str) and args:

@@ -89,6 +89,16 @@ def text_of(content: Any, where: str, kinds: tuple[str, ...] = ("text",)) -> str
     return "".join(parts)
 
 
+def listed(value: Any) -> list[Any] | tuple[()]:
+    """`value` when it is a list, else nothing to iterate (a backend's `choices: true` is not a crash)."""
+    return value if isinstance(value, list) else ()
+
+
+def named(value: Any, default: str = "") -> str:
+    """`value` when it is a non-empty string, else `default`."""
+    return value if isinstance(value, str) and value else default
+
+
 def usage_of(chunk: Any) -> tuple[int, int, int] | None:
     """(prompt, completion, cached prompt) tokens of a chat response or usage chunk; None without usage."""
     u = chunk.get("usage") if isinstance(chunk, dict) else None

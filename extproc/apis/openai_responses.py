@@ -51,7 +51,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from extproc.apis.common import TranslationError, sse_event, text_of, usage_of
+from extproc.apis.common import TranslationError, listed, named, sse_event, text_of, usage_of
 
 NAME = "openai-responses"
 API = "openai.responses"
@@ -302,13 +302,13 @@ def from_chat(chat: dict[str, Any], ctx: dict[str, Any], request_id: str = "") -
     suffix = rid.removeprefix("resp_")
     if isinstance(text, str) and text:
         output.append(_message_item(f"msg_{suffix}_0", text))
-    for i, call in enumerate(message.get("tool_calls") or ()):
+    for i, call in enumerate(listed(message.get("tool_calls"))):
         if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
             continue
         fn = call["function"]
         args = fn.get("arguments")
-        output.append(_call_item(f"fc_{suffix}_{len(output)}", call.get("id") or f"call_{suffix}_{i}", fn.get("name") or "",
-                                 args if isinstance(args, str) else "{}"))
+        output.append(_call_item(f"fc_{suffix}_{len(output)}", named(call.get("id"), f"call_{suffix}_{i}"),
+                                 named(fn.get("name")), args if isinstance(args, str) else "{}"))
     status, incomplete = _status(choice.get("finish_reason"))
     created = chat.get("created") if isinstance(chat.get("created"), int) else int(time.time())
     return _response(rid, created, ctx, status, output, _usage(usage_of(chat)), incomplete)
@@ -385,7 +385,7 @@ class ResponsesStream:
         if u is not None:
             self.usage = u
         suffix = self.rid.removeprefix("resp_")
-        for choice in chunk.get("choices") or ():
+        for choice in listed(chunk.get("choices")):
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
@@ -398,14 +398,14 @@ class ResponsesStream:
                 item["content"][0]["text"] += text
                 out.append(self._event("response.output_text.delta", item_id=item["id"],
                                        output_index=len(self.items) - 1, content_index=0, delta=text, logprobs=[]))
-            for call in delta.get("tool_calls") or ():
+            for call in listed(delta.get("tool_calls")):
                 if not isinstance(call, dict):
                     continue
-                i = call.get("index", 0)
+                i = call.get("index") if isinstance(call.get("index"), int) else 0
                 fn = call.get("function") if isinstance(call.get("function"), dict) else {}
                 if i not in self.tools:
                     out += self._add(_call_item(f"fc_{suffix}_{len(self.items)}",
-                                                call.get("id") or f"call_{suffix}_{i}", fn.get("name") or "", "",
+                                                named(call.get("id"), f"call_{suffix}_{i}"), named(fn.get("name")), "",
                                                 "in_progress"))
                     self.tools[i] = len(self.items) - 1
                 args = fn.get("arguments")

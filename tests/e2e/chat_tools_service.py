@@ -20,7 +20,6 @@ import json
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LAST: dict = {}
 VALUES = {"string": "Oslo", "integer": 3, "number": 1.5, "boolean": True}
 
 
@@ -70,7 +69,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802
         if self.path == "/last":
-            self._send(200, json.dumps(LAST).encode())
+            self._send(200, json.dumps(self.server.last).encode())
         elif self.path in ("/health", "/v1/models"):
             self._send(200, b'{"object": "list", "data": []}')
         else:
@@ -78,8 +77,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         req = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-        LAST.clear()
-        LAST.update(req)
+        self.server.last = req
         if self.path != "/v1/chat/completions":
             self._send(404, b'{"error": {"message": "not found"}}')
             return
@@ -128,4 +126,6 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    server.last = {}  # the last chat request received (GET /last)
+    server.serve_forever()

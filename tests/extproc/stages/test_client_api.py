@@ -230,3 +230,66 @@ def test_envoy_reply_names_its_reason_and_the_backend(snap):
     assert b["error"]["type"] == "overloaded_error"
     assert b["error"]["message"] == ("the gateway could not get an answer from backend beta: "
                                      "upstream_reset_before_response_started{connection_failure}")
+
+
+# --- hostile input: a clear refusal or a translation, never a stage error --------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda v: st.lists(v, max_size=4) | st.dictionaries(
+        st.sampled_from(["model", "max_tokens", "messages", "role", "content", "type", "text", "tools", "tool_choice",
+                         "input", "instructions", "name", "input_schema", "parameters", "call_id", "arguments",
+                         "output", "tool_use_id", "id", "source", "system", "stream", "text", "format", "schema",
+                         "image_url", "stop_sequences", "metadata", "user_id", "is_error"]), v, max_size=6),
+    max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["msgs", "resps"]), st.dictionaries(st.sampled_from(
+    ["model", "max_tokens", "messages", "input", "instructions", "tools", "tool_choice", "system", "stream", "text",
+     "stop_sequences", "metadata", "max_output_tokens", "temperature"]), json_values, max_size=8))
+def test_any_json_body_is_translated_or_refused_in_dialect(snap, route, doc):
+    _, (_, v) = run(snap, route, post(f"/v1/{'messages' if route == 'msgs' else 'responses'}"), body(doc))
+    if isinstance(v, Reject):
+        assert v.code != "stage_error" and 400 <= v.status < 500, v
+        err = rendered(snap, route, v)
+        assert err["error"]["message"]
+    else:
+        assert isinstance(v, Mutate) and orjson.loads(v.body)["messages"]
+
+
+chunk_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=6),
+    lambda v: st.lists(v, max_size=3) | st.dictionaries(
+        st.sampled_from(["id", "choices", "index", "delta", "content", "tool_calls", "function", "name", "arguments",
+                         "finish_reason", "stop_reason", "usage", "prompt_tokens", "completion_tokens",
+                         "prompt_tokens_details", "cached_tokens", "error", "message", "created", "model"]), v,
+        max_size=5),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["msgs", "resps"]), st.lists(st.one_of(
+    st.binary(max_size=40),
+    st.builds(lambda d: b"data: " + orjson.dumps(d) + b"\n\n", chunk_values),
+    st.sampled_from([b"data: [DONE]\n\n", b": ping\n\n", b"event: x\n", b"\r\n\r\n", b"data: {\"choices\": [{}]}\n\n"])),
+    min_size=1, max_size=8))
+def test_any_backend_stream_is_translated_without_a_stage_error(snap, route, parts):
+    doc = MESSAGES if route == "msgs" else RESPONSES
+    _, h, bodies = stream_through(snap, route, doc, parts)
+    assert isinstance(h, Mutate) and all(isinstance(b, bytes) for b in bodies)
+    names = event_names(b"".join(bodies))
+    assert names and names[-1] in ("message_stop", "error", "response.completed", "response.incomplete",
+                                   "response.failed")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["msgs", "resps"]), chunk_values)
+def test_any_json_answer_is_translated_without_a_stage_error(snap, route, answer):
+    doc = MESSAGES if route == "msgs" else RESPONSES
+    _, out = run(snap, route, post(f"/v1/{'messages' if route == 'msgs' else 'responses'}"), body(doc),
+                 resp_headers(), chunk(orjson.dumps(answer), end=True))
+    translated = orjson.loads(out[-1].body)
+    assert translated.get("type") in ("message", "error") or translated.get("object") == "response" \
+        or "error" in translated
