@@ -142,3 +142,24 @@ def test_backend_down_is_a_503_overloaded_error(client):
     assert e.value.status_code == 503
     err = e.value.body["error"]
     assert err["type"] == "overloaded_error" and "backend down" in err["message"]
+
+
+def test_stream_the_backend_gives_up_on_ends_with_an_error_event(client):
+    # the simulator ends the stream after 3 chunks without `data: [DONE]` (its x-simulator-fault hook)
+    text = ""
+    with pytest.raises(anthropic.APIStatusError) as e:
+        with client.messages.stream(model="sim-model", max_tokens=20, messages=[{"role": "user", "content": "go"}],
+                                    extra_headers={"x-simulator-fault": "truncate-after=3"}) as stream:
+            for piece in stream.text_stream:
+                text += piece
+    assert len(text.split()) == 3  # what came before the cut reached the client
+    assert e.value.body["error"]["type"] == "api_error" and "before it was complete" in e.value.body["error"]["message"]
+
+
+def test_backend_500_is_an_api_error_without_the_backends_body(client):
+    with pytest.raises(anthropic.InternalServerError) as e:
+        client.messages.create(model="sim-model", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
+                               extra_headers={"x-simulator-fault": "status=500"})
+    err = e.value.body["error"]
+    assert e.value.status_code == 500 and err["type"] == "api_error"
+    assert "simulated engine failure" not in err["message"] and "logged its answer" in err["message"]

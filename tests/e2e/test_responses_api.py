@@ -111,3 +111,19 @@ def test_backend_down_is_a_503_in_the_openai_shape(client):
         client.responses.create(model="down-model", input="hi")
     assert e.value.status_code == 503
     assert e.value.body["type"] == "server_error" and "backend down" in e.value.body["message"]
+
+
+def test_stream_the_backend_gives_up_on_ends_with_response_failed(client):
+    with client.responses.stream(model="sim-model", input="go",
+                                 extra_headers={"x-simulator-fault": "truncate-after=3"}) as stream:
+        events = list(stream)
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len("".join(deltas).split()) == 3 and events[-1].type == "response.failed"
+    assert "before it was complete" in events[-1].response.error.message
+
+
+def test_backend_500_is_a_server_error_without_the_backends_body(client):
+    with pytest.raises(openai.InternalServerError) as e:
+        client.responses.create(model="sim-model", input="hi", extra_headers={"x-simulator-fault": "status=500"})
+    assert e.value.status_code == 500 and e.value.body["type"] == "server_error"
+    assert "simulated engine failure" not in e.value.body["message"]
