@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -44,6 +44,9 @@ SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 # protocol's `liveness` and `readiness` (GIE's EPP probes; no leader election: every replica is ready)
 HEALTH_NAMES = ("", SERVICE_NAME, "liveness", "readiness")
 STATE_DIR_ENV = "ADAPTER_STATE_DIR"  # where workers share gateway-wide state (the supervisor sets it)
+# spec.processor.tls as the supervisor started with it (JSON, or "off"): a worker restarted after a
+# reload keeps serving what Envoy's static processor cluster speaks, whatever the reloaded file says
+PROCESSOR_TLS_ENV = "ADAPTER_PROCESSOR_TLS"
 
 
 async def _sweep(runtime: Runtime, service: ExtProcService, interval: float = 0.25) -> None:
@@ -85,6 +88,18 @@ def grpc_options(max_message: int) -> list[tuple[str, int]]:
     ]
 
 
+def startup_tls(snapshot: Any) -> Any:
+    """The worker's `spec.processor.tls`: the supervisor's (PROCESSOR_TLS_ENV), else the snapshot's."""
+    raw = os.environ.get(PROCESSOR_TLS_ENV)
+    if raw is None:
+        return snapshot.processor.tls
+    if raw == "off":
+        return None
+    from extproc.config.schema import ProcessorTlsSpec
+
+    return ProcessorTlsSpec.model_validate_json(raw)
+
+
 def mtls_server_credentials(tls) -> grpc.ServerCredentials:
     """`spec.processor.tls`: the worker's certificate, and client certificates required and checked
     against the CA (a client without one, or with another CA's, fails the handshake). Read at start:
@@ -122,9 +137,8 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     tls = snapshot.epp.tls if snapshot.epp is not None else None
     try:
-        if snapshot.processor.tls is not None:  # mTLS with Envoy: only clients the CA signed get in
-            bound = server.add_secure_port(f"{settings.address}:{settings.port}",
-                                           mtls_server_credentials(snapshot.processor.tls))
+        if (processor_tls := startup_tls(snapshot)) is not None:  # mTLS with Envoy: only clients the CA signed
+            bound = server.add_secure_port(f"{settings.address}:{settings.port}", mtls_server_credentials(processor_tls))
         elif tls is None:
             bound = server.add_insecure_port(f"{settings.address}:{settings.port}")
         else:  # EPP mode over TLS (kgateway, Envoy AI Gateway connect to an EPP with TLS)

@@ -170,6 +170,7 @@ class Supervisor:
         self._cond = threading.Condition()  # workers' protocol state and the accepted snapshot
         self._reloads = {"accepted": 0, "refused": 0}
         self._last_refusal: dict[str, Any] | None = None
+        self._processor_tls: str | None = None  # spec.processor.tls at the first worker start (JSON or "off")
         self._accepted_at: float | None = None
         self._metrics_dir = tempfile.mkdtemp(prefix="adapter-metrics-")
         self._http: ThreadingHTTPServer | None = None
@@ -458,6 +459,11 @@ class Supervisor:
     def _spawn(self, w: _Worker) -> None:
         env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=self._metrics_dir, PYTHONUNBUFFERED="1",
                    ADAPTER_STATE_DIR=os.path.join(self._metrics_dir, "state"))  # gateway-wide state (in-flight)
+        if self._processor_tls is None and self._bundle is not None:  # fixed at the first spawn, like Envoy's side
+            tls = self._bundle.snapshot.processor.tls
+            self._processor_tls = tls.model_dump_json() if tls is not None else "off"
+        if self._processor_tls is not None:
+            env["ADAPTER_PROCESSOR_TLS"] = self._processor_tls  # extproc.server.PROCESSOR_TLS_ENV
         cmd = [sys.executable, "-m", "extproc", "--log-level", self.log_level, "worker",
                "--bundle-root", self.bundle_root, "--address", self.address, "--port", str(w.port),
                "--index", str(w.index), "--shutdown-grace", str(self.grace), *self.worker_args]

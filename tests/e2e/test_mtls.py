@@ -175,3 +175,39 @@ def test_an_unreadable_certificate_is_a_config_error_naming_the_field(certs, tmp
     with pytest.raises(ConfigError) as e:
         load_file(cfg)
     assert "spec.processor.tls.keyFile" in str(e.value) and "/nonexistent/key.pem" in str(e.value), str(e.value)
+
+
+def test_a_reload_that_drops_tls_leaves_a_restarted_worker_on_mtls(stack, certs):
+    """Envoy's processor cluster is in its static bootstrap: a reload cannot switch it. A worker
+    restarted after a reload that drops `tls` from the file still serves mTLS (the supervisor's
+    setting from its start), so Envoy still reaches it; the change needs a full restart."""
+    import os
+    import signal
+    import time
+    cfg = Path(stack.config_path)
+    doc = json.loads(cfg.read_text())
+    doc["spec"]["processor"].pop("tls")
+    cfg.write_text(json.dumps(doc))
+    assert stack.reload().accepted
+    worker = stack.supervisor.workers[0]
+    old = worker.pid
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not (worker.pid != old and worker.ready):
+        assert time.monotonic() < deadline, "worker 0 was not restarted"
+        time.sleep(0.1)
+    ca = certs["ca"].read_bytes()
+    good = grpc.ssl_channel_credentials(root_certificates=ca, private_key=certs["client_key"].read_bytes(),
+                                        certificate_chain=certs["client"].read_bytes())
+    assert _check(worker.port, None) == "UNAVAILABLE"
+    assert _check(worker.port, good) == "SERVING"
+    deadline = time.monotonic() + 20  # Envoy's health check finds it again
+    while True:
+        text = httpx.get(f"{stack.admin_url}/clusters", timeout=5).text
+        flags = [ln for ln in text.splitlines() if ln.startswith("adapter_processor::") and "::health_flags::" in ln]
+        if len(flags) == 2 and all(ln.endswith("::healthy") for ln in flags):
+            break
+        assert time.monotonic() < deadline, flags
+        time.sleep(0.2)
+    with httpx.Client(timeout=10) as client:
+        assert all(client.get(f"{stack.url}/echo/{i}").status_code == 200 for i in range(20))
