@@ -28,7 +28,7 @@ test: setup
 	$(VENV)/bin/python -m coverage report; \
 	exit $$rc
 
-setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup monitoring-setup redis-setup $(MLSERVER)
+setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup monitoring-setup redis-setup $(MLSERVER) llama-setup
 
 # MLServer, an independent KServe v2 server the Triton adapter is tested against. Its own venv:
 # it needs protobuf<7, the project pins protobuf 7. A failed install only skips that test (it says why).
@@ -36,6 +36,32 @@ $(MLSERVER):
 	$(PY) -m venv $(MLSERVER_VENV)
 	$(MLSERVER_VENV)/bin/pip install --quiet --disable-pip-version-check mlserver==1.7.1 mlserver-sklearn==1.7.1 \
 		|| echo "mlserver: install failed; tests/e2e/test_mlserver.py will skip"
+
+# llama.cpp's OpenAI-compatible server (PyPI llama-cpp-python[server]), the real engine of
+# tests/e2e/test_llamacpp.py, with `gguf` to write its tiny model (tests/llamacpp_model.py). Its own
+# venv: the server pins FastAPI/pydantic-settings/sse-starlette versions the project does not need,
+# and it runs as a separate process anyway. The wheel is built from source once (about 5 minutes on
+# 2 cores: CPU only, no tests, no examples, portable code) and kept in .tools/wheels for later runs.
+# A failed build stops `make test`; LLAMA_SETUP=skip goes on without it (those tests then skip, saying why).
+LLAMA_VENV := .tools/llama-venv
+LLAMA_VERSION := 0.3.36
+LLAMA_WHEELS := .tools/wheels
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+LLAMA_SETUP ?= build
+.PHONY: llama-setup
+llama-setup:
+	@[ "$(LLAMA_SETUP)" = skip ] && echo "llama-setup: skipped (LLAMA_SETUP=skip); tests/e2e/test_llamacpp.py will skip" || \
+	{ [ -f $(LLAMA_VENV)/.installed-$(LLAMA_VERSION) ] || { \
+		[ -x $(LLAMA_VENV)/bin/pip ] || $(PY) -m venv $(LLAMA_VENV); \
+		ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl >/dev/null 2>&1 || { \
+			echo "llama-setup: building llama-cpp-python $(LLAMA_VERSION) from source (a few minutes, once)"; \
+			mkdir -p $(LLAMA_WHEELS) && CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+			$(LLAMA_VENV)/bin/pip wheel --quiet --disable-pip-version-check --no-deps -w $(LLAMA_WHEELS) \
+				llama-cpp-python==$(LLAMA_VERSION); } && \
+		$(LLAMA_VENV)/bin/pip install --quiet --disable-pip-version-check \
+			"$$(ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl | head -1)[server]" gguf==0.19.0 && \
+		touch $(LLAMA_VENV)/.installed-$(LLAMA_VERSION); } || \
+		{ echo "llama-setup: failed (set LLAMA_SETUP=skip to run the tests without the llama.cpp server)"; exit 1; }; }
 
 # h2load (Debian nghttp2-client): the HTTP/2 load generator of tests/e2e/test_reliability.py and
 # perf/bench_reliability.py (a client that handles GOAWAY as RFC 9113 says). Installed once, as root

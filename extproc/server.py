@@ -130,6 +130,9 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     add_feedback_service(AccessLogFeedback(runtime.lifecycle, metrics), server)  # Envoy's loggers report here
     sweeper = asyncio.get_running_loop().create_task(_sweep(runtime, service))
     runtime.start_signals()  # engine metrics of the endpoints engine-signal plugins decide over (if any)
+    from extproc.negotiate import negotiator
+
+    negotiator(runtime).start(snapshot.backends.values())  # each OpenAI-compatible backend's dialect (background)
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)

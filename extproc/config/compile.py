@@ -23,6 +23,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from backends import adapter_kinds
+from backends.dialects import DialectConfig
 from extproc.config.loader import ConfigError, Issue
 from extproc.config.schema import AdapterGateway, split_host_port
 from extproc.config.snapshot import (HEALTH_PATH, HEALTH_ROUTE, Backend, BundlePart, EndpointMeta, EppConfig, PluginRef,
@@ -73,11 +74,17 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             if e.address in seen_eps:
                 issue(("spec", "backends", i, "endpoints", j), f"duplicate endpoint {e.address!r}")
             seen_eps.add(e.address)
+        dialect = None
+        if b.dialect is not None:
+            if b.kind not in ("openai", "vllm"):
+                issue(("spec", "backends", i, "dialect"), f"applies to backends of kind openai or vllm, not {b.kind}")
+            d = b.dialect
+            dialect = DialectConfig(d.negotiate, d.preset, d.structured_output, d.stream_usage, d.priority, d.lora)
         backends[b.name] = Backend(
             name=b.name, kind=b.kind, protocol=protocol,
             endpoints=tuple(split_host_port(e.address) for e in b.endpoints), models=b.models,
             health_path=b.health_path or default_health, timeout=b.timeout,
-            implicit=False, adapter=adapter, lb_policy=b.lb_policy,
+            implicit=False, adapter=adapter, lb_policy=b.lb_policy, dialect=dialect,
             endpoint_meta=tuple(EndpointMeta(tuple(sorted(e.labels.items())), e.engine, e.metrics_path)
                                 for e in b.endpoints),
         )
@@ -173,6 +180,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
             tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping,
             backends=tuple(dict.fromkeys(resolved)), dialect=ks.dialect, picker=picker,
+            structured_fallback=r.policy.structured_fallback,
             server_timing=r.server_timing,
         )
         if r.server_timing is not None:

@@ -201,6 +201,23 @@ class BackendSpec(_Model):
     timeout: Duration = 60.0
     # Envoy's own balancing when the processor names no endpoint (no picker, or an unpickable request)
     lb_policy: Literal["leastRequest", "roundRobin", "random"] = "leastRequest"
+    # openai/vllm backends: what the server accepts (backends/dialects.py, docs/dialects.md); learned
+    # by probing unless `negotiate: false`; the parts given here win over what the probe learns
+    dialect: "DialectSpec | None" = None
+
+
+class DialectSpec(_Model):
+    """`spec.backends[].dialect`: a preset and/or fixed parts of a backend's dialect (docs/dialects.md)."""
+    negotiate: bool = True
+    preset: Literal["openai", "vllm", "llamacpp", "sglang", "ollama"] | None = None
+    structured_output: Literal["json_schema", "json_object_schema", "structured_outputs", "guided_json",
+                               "sglang_json_schema", "ollama_format", "prompt"] | None = None
+    stream_usage: Literal["yes", "no", "refused"] | None = None
+    priority: Literal["honoured", "ignored", "refused"] | None = None
+    lora: Literal["runtime", "none"] | None = None
+
+
+BackendSpec.model_rebuild()
 
 
 class RoutePolicy(_Model):
@@ -211,6 +228,9 @@ class RoutePolicy(_Model):
     tenant_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] | None = None
     max_body_bytes: Size = 1024 * 1024  # larger request bodies get 413
     timeout: Duration = 60.0  # upstream request timeout (Envoy route timeout)
+    # an output schema on a backend that cannot constrain output (dialect `prompt`): `prompt` asks for
+    # the JSON in the prompt, validates it, one repair retry; `refuse` answers 501 instead
+    structured_fallback: Literal["prompt", "refuse"] = "prompt"
 
 
 RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",

@@ -59,6 +59,7 @@ class Backend:
     # than the config listed, an implicit backend) are the defaults: no labels, the kind's engine
     endpoint_meta: tuple[EndpointMeta, ...] = ()
     lb_policy: str = "leastRequest"  # Envoy's balancing without a pick: leastRequest, roundRobin, random
+    dialect: Any = None  # backends.dialects.DialectConfig (openai, vllm kinds; None: negotiate, kind's preset)
     # derived from `endpoints` once (also by `replace`), never per request:
     endpoint_ids: tuple[str, ...] = field(init=False)  # as the endpoint-picker protocol names them: "ip:port"
     pickable: bool = field(init=False)  # all endpoints are IPs: the processor can name one (Envoy resolves names)
@@ -211,6 +212,7 @@ class Route:
     bundle: str | None = None  # "<name>@<version>" of the adapter bundle whose part this route uses
     # bundle arms of its rollout: arm -> this route with that bundle's part (encode/decode use it)
     variants: Mapping[str, "Route"] = field(default_factory=dict, hash=False, compare=False)
+    structured_fallback: str = "prompt"  # policy.structuredFallback: "prompt" or "refuse" (docs/dialects.md)
     server_timing: Any = None  # schema.ServerTimingSpec: latency attribution (extproc/attribution.py), None: off
 
     def backend_for_model(self, model: str | None) -> Backend | None:

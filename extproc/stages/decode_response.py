@@ -25,6 +25,7 @@ import orjson
 
 from backends.base import BackendError
 from extproc.errors import reject
+from extproc.negotiate import DIALECT_ATTR, REPAIRED_ATTR
 from extproc.stages.dispatch import backend_of
 from extproc.stages.encode_request import variant_route
 from extproc.template import MissingPathError
@@ -68,8 +69,13 @@ class DecodeResponse:
             return reject(status if status < 600 else 502, "backend_error",
                           f"backend {backend.name} answered HTTP {status}; the gateway logged its answer under "
                           f"request id {state.request_id}", backend=backend.name)
-        try:
-            doc = backend.adapter.decode(route, state.response_status or 200, msg.body)
+        kw = {}
+        dialect = state.attrs.get(DIALECT_ATTR)
+        if dialect is not None:  # an OpenAI-compatible backend: `prompt` answers are validated (negotiate.py)
+            kw["structured"] = dialect.structured
+        try:  # the repaired answer when encode-request made the prompt dialect's repair retry
+            doc = backend.adapter.decode(route, state.response_status or 200, state.attrs.get(REPAIRED_ATTR, msg.body),
+                                         **kw)
         except BackendError as e:
             return reject(e.status, e.code, e.message, backend=backend.name)
         state.usage = backend.adapter.usage(doc["response"])

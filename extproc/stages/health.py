@@ -1,8 +1,11 @@
 """Stage `health`: `GET /health/adapter?probe=protocol-negotiation`, answered by the processor.
 
 What: reports the processor worker's own status and, for `probe=protocol-negotiation` (the
-default), probes every backend (see `extproc/probe.py`). 200 when all are ok, 503 with `failed`
-naming what is not; `probe=processor` checks only the processor. When the processor itself is
+default), probes every backend (see `extproc/probe.py`) and negotiates again with every
+OpenAI-compatible one (`extproc/negotiate.py`: each backend's `dialect`, what its endpoints
+answered, and per route with an output schema how it is asked for: `structured_output`). 200 when
+all are ok, 503 with `failed` naming what is not (a backend down, a route whose backend cannot
+constrain output and whose policy is to refuse); `probe=processor` checks only the processor. When the processor itself is
 down, Envoy answers 503 instead (the route fails closed).
 Cost: bounded by the probe timeout (0.5 s), which stays under Envoy's message timeout.
 """
@@ -17,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from extproc.errors import reject
+from extproc.negotiate import negotiator, route_notes
 from extproc.probe import probe_backend
 from extproc.types import HttpMessage, RequestState, Respond, Verdict
 
@@ -47,9 +51,23 @@ class Health:
         failed: list[str] = []
         if probe == "protocol-negotiation":
             names = list(snap.backends)
-            results = await asyncio.gather(*(probe_backend(snap.backends[n], self.timeout) for n in names))
+            # what each OpenAI-compatible backend accepts (its dialect), kept in the worker's runtime
+            # (without one, in unit tests of this stage, nothing is negotiated)
+            negotiating = negotiator(state.runtime)
+            results, dialects = await asyncio.gather(
+                asyncio.gather(*(probe_backend(snap.backends[n], self.timeout) for n in names)),
+                asyncio.gather(*(negotiating.negotiate(snap.backends[n], self.timeout) for n in names
+                                 if state.runtime is not None)))
+            dialects = dialects or [{"source": "not applicable"}] * len(names)
+            for r, d in zip(results, dialects):
+                if d.get("source") != "not applicable":
+                    r["dialect"] = d
             body["backends"] = dict(zip(names, results))
             failed = [f"backend {n}" for n, r in zip(names, results) if r["status"] != "ok"]
+            notes, refused = route_notes(snap, negotiating)
+            if notes:
+                body["structured_output"] = notes
+            failed += refused
         if failed:
             body["status"] = "degraded"
             body["failed"] = failed

@@ -8,32 +8,43 @@ What, per request on an `openai` route (for example `path: /v1/, match: prefix`)
   forwarded byte for byte, except that a streaming request without
   `stream_options.include_usage` gets it added, so usage can be counted; that extra final usage
   chunk is then removed from the stream again so the client sees what it asked for;
-- error responses pass through untouched (no body phase); successful ones are read chunk by chunk
+- a backend's own 5xx body is logged and replaced by OpenAI's error shape naming the backend and the
+  request id (it can carry the server's internals), other error responses pass
+  through untouched; successful ones are read chunk by chunk
   by `openai-usage` (Envoy STREAMED mode: an SSE stream reaches the client event by event, never
   buffered whole) and their usage is counted in `adapter_processor_tokens_total{route,backend,model,tenant,type}`.
 - a stream the backend ends without `data: [DONE]` gets an error event (`code:
   backend_stream_truncated`, vLLM's in-stream error shape, which the `openai` client raises as
   APIError) and a clean `data: [DONE]` end. A connection *reset* mid-stream cannot be turned into
   an event: Envoy resets the client's stream at once, so the client fails fast instead of hanging.
-vLLM specifics (`priority`, LoRA adapters as `model`, `stream_options`) pass through unchanged.
+vLLM specifics (`priority`, LoRA adapters as `model`, `stream_options`) pass through unchanged,
+except where the backend's negotiated dialect (extproc/negotiate.py) says otherwise: `openai-usage`
+rewrites the body after dispatch (a client's `json_schema` response format as that server takes
+it, a `priority` it refuses removed), and when the client asked for `include_usage` from a server
+that sends none, adds the gateway's estimate as the usage chunk (`"estimated": true`).
 Cost: one JSON parse of the request; per response chunk a scan for `"usage"` (events without it are
 not parsed); one extra round trip per chunk, which is the price of seeing the stream.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 import orjson
 
 from extproc.errors import reject
-from extproc.genai import ESTIMATED_EVENTS_ATTR
+from backends.dialects import client_schema, translate
+from extproc.genai import ESTIMATED_EVENTS_ATTR, estimate_output_tokens
+from extproc.negotiate import DIALECT_ATTR, dialect_of, dialects_known, negotiates_kind, refuse_structured
+from extproc.stages.decode_response import ERROR_LOG_LIMIT, _from_upstream
 from extproc.request import parse_json_body, parse_openai
 from extproc.stages.body_limit import check_length
 from extproc.stages.dispatch import backend_of
 from extproc.types import CONTINUE, HttpMessage, Mutate, Outcome, Phase, Reject, RequestState, Respond, Verdict
 
 USAGE_LIMIT = 8 * 1024 * 1024  # non-streamed JSON responses larger than this are not parsed for usage
+log = logging.getLogger(__name__)
 
 
 class OpenAIParse:
@@ -88,7 +99,37 @@ class OpenAIUsage:
     name = "openai-usage"
     streams = (Phase.RESPONSE_BODY,)
 
+    async def on_request_headers(self, state: RequestState, msg: HttpMessage) -> None:
+        """A target this worker has not negotiated with yet: wait for it once (bounded, negotiate.py)."""
+        await dialects_known(state)
+
+    def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
+        """After dispatch: the client's body in the chosen backend's dialect (backends/dialects.py):
+        `response_format: json_schema` as that server takes structured output (or the schema in a
+        system message, `prompt`; a route with `structuredFallback: refuse` answers 501), `priority`
+        removed where it makes the server fail, our `stream_options` where the server refuses them."""
+        backend = backend_of(state)
+        req = state.request
+        if req is None or req.body is None or not negotiates_kind(backend):
+            return None
+        dialect = state.attrs[DIALECT_ATTR] = dialect_of(state, backend)
+        body = req.body
+        if dialect.structured == "prompt" and client_schema(body) is not None \
+                and state.route.structured_fallback == "refuse":
+            return refuse_structured(state, backend)
+        changed = translate(body, dialect)
+        if dialect.stream_usage == "refused" and state.attrs.get("strip_usage"):
+            body.pop("stream_options", None)
+            state.attrs.pop("strip_usage")
+            changed = True
+        if not changed:
+            return None
+        data = orjson.dumps(body)
+        return Mutate(set_headers=(("content-length", str(len(data))),), body=data)
+
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
+        if (state.response_status or 0) >= 500 and state.backend is not None and _from_upstream(state):
+            return self._sanitised(state, msg)
         # No response-headers phase (it would cost a round trip before the first token): the first
         # chunk tells an SSE stream (`data: ...`) from a JSON answer or an error.
         if "sse" not in state.attrs:
@@ -118,6 +159,8 @@ class OpenAIUsage:
         body = msg.body
         if sep and b'"usage"' in head:
             body = self._usage_events(state, head, body)
+        if state.attrs.get("done") and state.usage is None and b"data: [DONE]" in body and self._asked_usage(state):
+            body = body.replace(b"data: [DONE]", b"data: " + self._estimated_usage(state) + b"\n\ndata: [DONE]", 1)
         if msg.end_of_stream and not state.attrs.get("done"):
             # The backend ended the stream without `data: [DONE]`: tell the client in-band, in the
             # shape vLLM uses for errors inside a stream, then end the stream cleanly.
@@ -144,6 +187,45 @@ class OpenAIUsage:
             if state.attrs.get("strip_usage") and chunk.get("choices") == [] and event + b"\n\n" in body:
                 body = body.replace(event + b"\n\n", b"", 1)
         return body
+
+    @staticmethod
+    def _sanitised(state: RequestState, msg: HttpMessage) -> Verdict:
+        """A backend's own 5xx body can carry its internals (llama.cpp's names its source file and
+        line): it goes to the log, the client gets OpenAI's error shape naming the backend and the
+        request id. The response headers went out without a headers phase, but Envoy streams a body
+        the processor may rewrite without content-length (chunked), so the error may differ in
+        length; later chunks of the backend's body are dropped."""
+        if "sanitised" in state.attrs:
+            return Mutate(body=b"")
+        state.attrs["sanitised"] = True
+        log.warning("route %s: backend %s (%s) answered HTTP %d to request %s; its body, not returned to the "
+                    "client: %r", state.route.name, state.backend, state.served, state.response_status,
+                    state.request_id, msg.body[:ERROR_LOG_LIMIT])
+        full = orjson.dumps({"error": {
+            "message": f"backend {state.backend} answered HTTP {state.response_status}; the gateway logged its "
+                       f"answer under request id {state.request_id}",
+            "type": "server_error", "code": "backend_error", "request_id": state.request_id}})
+        return Mutate(body=full)
+
+    @staticmethod
+    def _asked_usage(state: RequestState) -> bool:
+        """The client asked for `stream_options.include_usage` itself (not the gateway for it)."""
+        req = state.request
+        options = req.body.get("stream_options") if req is not None and req.body is not None else None
+        return bool(isinstance(options, dict) and options.get("include_usage")) and not state.attrs.get("strip_usage")
+
+    @staticmethod
+    def _estimated_usage(state: RequestState) -> bytes:
+        """The usage chunk a backend without stream usage did not send (its dialect's stream_usage is
+        `no`): the gateway's estimate (extproc/genai.py), marked `"estimated": true`."""
+        req = state.request
+        prompt = max(1, req.prompt_tokens_estimate()) if req is not None else 0  # a message is a token at least
+        completion = estimate_output_tokens(state) or 0
+        state.attrs["usage.estimated"] = True
+        return orjson.dumps({"id": f"chatcmpl-{state.request_id}", "object": "chat.completion.chunk",
+                             "created": int(time.time()), "model": req.model if req is not None else None,
+                             "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                                      "total_tokens": prompt + completion, "estimated": True}})
 
     @staticmethod
     def _count(state: RequestState, response) -> None:

@@ -44,17 +44,21 @@ spec:
 
 # The table in extproc/kinds.py's docstring, stage by stage and phase by phase.
 STAGES = {
-    "llm": {RH: ["admit", "body-limit"], RB: ["parse-json", "token-budget", "dispatch", "encode-request"],
-            PH: ["decode-response"], PB: ["decode-response"]},
+    # encode-request at request headers: waits for a first negotiation (extproc/negotiate.py); at the
+    # response body: the `prompt` dialect's repair retry
+    "llm": {RH: ["admit", "body-limit", "encode-request"], RB: ["parse-json", "token-budget", "dispatch", "encode-request"],
+            PH: ["decode-response"], PB: ["encode-request", "decode-response"]},
     "passthrough": {RH: ["admit", "body-limit", "token-budget", "dispatch"]},
-    "openai": {RH: ["admit", "body-limit", "openai-parse", "dispatch"], RB: ["openai-parse", "token-budget", "dispatch"],
-               PB: ["openai-usage"]},
+    # openai-usage at the request: negotiation, then the body in the chosen backend's dialect
+    "openai": {RH: ["admit", "body-limit", "openai-parse", "dispatch", "openai-usage"],
+               RB: ["openai-parse", "token-budget", "dispatch", "openai-usage"], PB: ["openai-usage"]},
     "kserve": {RH: ["admit", "body-limit", "kserve-parse", "token-budget", "dispatch"]},
-    "tensor": {RH: ["admit", "body-limit"], RB: ["parse-json", "token-budget", "dispatch", "model-metadata", "encode-request"],
-               PH: ["decode-response"], PB: ["decode-response"]},
+    "tensor": {RH: ["admit", "body-limit", "encode-request"],
+               RB: ["parse-json", "token-budget", "dispatch", "model-metadata", "encode-request"],
+               PH: ["decode-response"], PB: ["encode-request", "decode-response"]},
     "tool": {RH: ["admit", "body-limit"], RB: ["tool-call", "token-budget", "dispatch"], PH: ["tool-call"], PB: ["tool-call"]},
-    "rest": {RH: ["admit", "body-limit"], RB: ["parse-json", "token-budget", "dispatch", "encode-request"],
-             PH: ["decode-response"], PB: ["decode-response"]},
+    "rest": {RH: ["admit", "body-limit", "encode-request"], RB: ["parse-json", "token-budget", "dispatch", "encode-request"],
+             PH: ["decode-response"], PB: ["encode-request", "decode-response"]},
     "health": {RH: ["health"]},
     "anthropic-messages": {RH: ["admit", "body-limit", "anthropic-messages"], RB: ["anthropic-messages", "token-budget", "dispatch"],
                            PH: ["anthropic-messages"], PB: ["anthropic-messages"]},
