@@ -1,7 +1,7 @@
 """Security end to end (issue 12 item 7), through a real Envoy 1.40 and processor workers.
 
 - Backend error bodies: a backend that puts its internals in every error (tests/e2e/leaky_service.py:
-  a source file, a line, a token) behind every route kind that adapts (llm, openai, rest, tool): the
+  a source file, a line, a token) behind every route kind that adapts (llm, tensor, openai, rest, tool): the
   client keeps the status and gets a safe message, never the backend's text.
 - Tenant spoofing on every route kind: with JWT tenancy, a client-sent tenancy header
   (`x-tenant-id`), the metadata key as a header (`x-adapter-tenant`) or a trusted header of another
@@ -91,6 +91,7 @@ def env(key, tmp_path_factory):
                     {"name": "leaky-llm", "kind": "openai", "endpoints": [f"127.0.0.1:{lport}"]},
                     {"name": "leaky-rest", "kind": "rest", "endpoints": [f"127.0.0.1:{lport}"]},
                     {"name": "leaky-kserve", "kind": "triton", "endpoints": [f"127.0.0.1:{lport}"]},
+                    {"name": "leaky-ort", "kind": "onnxruntime", "endpoints": [f"127.0.0.1:{lport}"], "models": ["m"]},
                     {"name": "petstore", "kind": "rest", "endpoints": [f"127.0.0.1:{pport}"]},
                 ],
                 "routes": [
@@ -105,6 +106,8 @@ def env(key, tmp_path_factory):
                      "openapi": str(DATA / "openapi" / "petstore.yaml")},
                     {"path": "/tools/leaky-headers", "kind": "tool", "target": "leaky-rest",
                      "openapi": str(headers_doc)},
+                    {"path": "/v1/score", "kind": "tensor", "target": "leaky-ort", "model": "m",
+                     "request": '{"features": [$.features]}'},
                     {"path": "/v2", "match": "prefix", "kind": "kserve", "target": "leaky-kserve"},
                     {"path": "/pass/", "match": "prefix", "target": "leaky-rest"},
                     {"path": "/internal/", "match": "prefix", "target": "leaky-rest",
@@ -139,6 +142,7 @@ KINDS = [
     ("llm", "POST", "/v1/analyze", json.dumps({"query": "q"})),
     ("openai", "POST", "/v1/chat/completions", json.dumps(CHAT)),
     ("rest", "POST", "/orders", json.dumps({"orderId": "A-1"})),
+    ("tensor", "POST", "/v1/score", json.dumps({"features": [0.1, 0.2]})),
     ("tool", "POST", "/tools/leaky", json.dumps({"name": "showPetById", "arguments": {"petId": "1"}})),
     ("kserve", "POST", "/v2/models/m/infer", json.dumps({"inputs": []})),
     ("passthrough", "GET", "/pass/x", None),
@@ -152,15 +156,9 @@ def send(st, method, path, body, headers) -> httpx.Response:
 
 # -- backend error bodies ------------------------------------------------------------------------
 
-OPENAI_LEAKS = pytest.mark.xfail(strict=True, reason=(
-    "openai routes have no response-headers phase (it would cost a round trip before the first token) and "
-    "stream the response: Envoy has sent the backend's headers, content-length included, before the processor "
-    "sees the body, so extproc/stages/openai_api.py's openai-usage passes an error body through as it is"))
-
-
 @pytest.mark.parametrize("kind,method,path,body", [
-    pytest.param(*k, marks=OPENAI_LEAKS if k[0] == "openai" else (), id=k[0])
-    for k in KINDS if k[0] in ("llm", "openai", "rest")])
+    pytest.param(*k, id=k[0])
+    for k in KINDS if k[0] in ("llm", "openai", "rest", "tensor")])
 def test_a_backends_internals_never_reach_the_client_on_an_adapting_route(env, kind, method, path, body):
     st = env["st"]
     r = send(st, method, path, body, auth(env["key"]))
@@ -172,7 +170,7 @@ def test_a_backends_internals_never_reach_the_client_on_an_adapting_route(env, k
 
 def test_a_tool_routes_service_error_is_a_tool_result_without_the_services_internals(env):
     st = env["st"]
-    r = send(st, *KINDS[3][1:], auth(env["key"]))
+    r = send(st, *next(k for k in KINDS if k[0] == "tool")[1:], auth(env["key"]))
     assert r.status_code == 200 and r.headers.get("x-adapter-tool-status") == "500", r.text
     assert not any(bit in r.text for bit in LEAK_BITS), r.text
 
