@@ -6,7 +6,8 @@ What, on a route of kind `anthropic-messages` (`POST /v1/messages`) or `openai-r
 - request body: parsed once, translated to a chat-completions request (a `TranslationError` is a
   400 naming the field), read into `state.request` (`api` anthropic.messages / openai.responses),
   so `dispatch`, right after, picks the target serving its `model` like on an `openai` route; the
-  body is replaced, `:path` set to `/v1/chat/completions`, `content-length` made exact;
+  body is replaced, `:path` set to `/v1/chat/completions`, `content-length` made exact and
+  `accept-encoding` removed (the answer is rewritten here, so it must come uncompressed);
 - response headers: `content-length` removed (the body changes size) and the content type set;
 - response body, chunk by chunk (Envoy STREAMED mode): an SSE chat stream is cut into complete
   events as they arrive and each chunk's events are translated and sent on at once (a partial event
@@ -106,8 +107,10 @@ class ClientApi:
         state.attrs[CTX_ATTR] = ctx
         data = orjson.dumps(chat)
         state.backend_request = data
+        # accept-encoding removed: the answer is read and rewritten here, so it must come uncompressed
         return Mutate(set_headers=((":path", CHAT_PATH), ("content-type", "application/json"),
-                                   ("content-length", str(len(data)))), body=data)
+                                   ("content-length", str(len(data)))), remove_headers=("accept-encoding",),
+                      body=data)
 
     # --- response -----------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ be checked through Envoy with the official clients:
 - `stream: true`: vLLM's chunk layout (role chunk, the tool call's id and name, then its arguments
   in two pieces, the finish chunk, a usage chunk with `stream_options.include_usage`, `[DONE]`);
 - usage: prompt tokens = characters of all message contents // 4 + 1, completion tokens = 7;
-- `GET /last` returns the last chat request body it received (what the gateway sent).
+- `GET /requests` returns the chat request bodies it received, in order (what the gateway sent; a
+  gateway that probes its backends at start-up adds its probes there too).
 Run: `python tests/e2e/chat_tools_service.py PORT`.
 """
 
@@ -68,8 +69,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):  # noqa: N802
-        if self.path == "/last":
-            self._send(200, json.dumps(self.server.last).encode())
+        if self.path == "/requests":
+            self._send(200, json.dumps(self.server.requests).encode())
         elif self.path in ("/health", "/v1/models"):
             self._send(200, b'{"object": "list", "data": []}')
         else:
@@ -77,7 +78,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         req = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-        self.server.last = req
+        self.server.requests.append(req)
         if self.path != "/v1/chat/completions":
             self._send(404, b'{"error": {"message": "not found"}}')
             return
@@ -127,5 +128,5 @@ class Handler(BaseHTTPRequestHandler):
 
 if __name__ == "__main__":
     server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
-    server.last = {}  # the last chat request received (GET /last)
+    server.requests = []  # the chat requests received (GET /requests)
     server.serve_forever()

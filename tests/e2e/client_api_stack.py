@@ -4,6 +4,7 @@ and a backend nobody listens on (`down-model`), behind `/v1/messages` and `/v1/r
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -48,9 +49,13 @@ def client_api_stack(tmp_path):
         service.wait(5)
 
 
-def last_backend_request(stack) -> dict:
-    """The chat request the tool-calling server last received (what the gateway made of the client's)."""
-    return httpx.get(f"{stack.tools_url}/last", timeout=5).json()
+def last_backend_request(stack, containing: str) -> dict:
+    """The last chat request the tool-calling server received whose JSON has `containing` (what the
+    gateway made of the client's request; the marker keeps other requests, such as a gateway's
+    start-up probes of its backends, out)."""
+    sent = [r for r in httpx.get(f"{stack.tools_url}/requests", timeout=5).json() if containing in json.dumps(r)]
+    assert sent, f"no request with {containing!r} reached the backend"
+    return sent[-1]
 
 
 def backend_decoded(stack) -> float:

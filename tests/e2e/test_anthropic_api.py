@@ -49,7 +49,7 @@ def test_system_prompt_and_conversation_reach_the_backend_as_chat(stack, client)
                                          {"role": "assistant", "content": "ok"},
                                          {"role": "user", "content": [{"type": "text", "text": "second"}]}])
     assert m.content[0].text == "echo: second" and m.stop_reason == "end_turn"
-    sent = last_backend_request(stack)
+    sent = last_backend_request(stack, "You are terse.")
     assert sent["messages"] == [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "first"},
                                 {"role": "assistant", "content": "ok"}, {"role": "user", "content": "second"}]
     assert sent["max_tokens"] == 20 and sent["stop"] == ["##"] and "stream" not in sent
@@ -62,7 +62,7 @@ def test_tool_use_then_tool_result(stack, client):
     assert m.stop_reason == "tool_use"
     (use,) = [b for b in m.content if b.type == "tool_use"]
     assert (use.name, use.input, use.id) == ("get_weather", {"city": "Oslo", "days": 3}, "call_get_weather_1")
-    sent = last_backend_request(stack)
+    sent = last_backend_request(stack, "weather in Oslo?")
     assert sent["tools"] == [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                                                "parameters": WEATHER["input_schema"]}}]
     assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
@@ -72,7 +72,7 @@ def test_tool_use_then_tool_result(stack, client):
         {"role": "assistant", "content": m.content},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "rain, 4 C"}]}])
     assert m2.content[0].text == "result: rain, 4 C" and m2.stop_reason == "end_turn"
-    sent = last_backend_request(stack)
+    sent = last_backend_request(stack, "rain, 4 C")
     assert sent["messages"][1]["tool_calls"][0]["id"] == use.id
     assert sent["messages"][2] == {"role": "tool", "tool_call_id": use.id, "content": "rain, 4 C"}
 

@@ -37,7 +37,7 @@ def test_string_input_with_instructions(stack, client):
     assert r.object == "response" and r.status == "completed" and r.model == "tool-model"
     assert r.output_text == "echo: hello" and r.instructions == "Be terse." and r.metadata == {"case": "1"}
     assert (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == (4, 7, 11)  # 14 characters // 4 + 1
-    sent = last_backend_request(stack)
+    sent = last_backend_request(stack, "Be terse.")
     assert sent["messages"] == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "hello"}]
     assert sent["max_tokens"] == 30
 
@@ -52,13 +52,13 @@ def test_function_call_then_its_output(stack, client):
     r = client.responses.create(model="tool-model", input="weather in Oslo?", tools=[WEATHER], tool_choice="required")
     (call,) = [o for o in r.output if o.type == "function_call"]
     assert (call.name, call.arguments, call.call_id) == ("get_weather", '{"city": "Oslo"}', "call_get_weather_1")
-    assert last_backend_request(stack)["tool_choice"] == "required"
+    assert last_backend_request(stack, "weather in Oslo?")["tool_choice"] == "required"
     r2 = client.responses.create(model="tool-model", tools=[WEATHER], input=[
         {"role": "user", "content": "weather in Oslo?"},
         {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
     assert r2.output_text == "result: sunny"
-    sent = last_backend_request(stack)["messages"]
+    sent = last_backend_request(stack, "sunny")["messages"]
     assert sent[1]["tool_calls"][0]["id"] == call.call_id
     assert sent[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}
 

@@ -87,6 +87,7 @@ def test_request_is_replaced_by_the_chat_request_and_dispatched_by_model(snap):
     hdrs = dict(v.set_headers)
     assert hdrs[":path"] == "/v1/chat/completions" and hdrs["content-type"] == "application/json"
     assert hdrs["x-adapter-backend"] == "beta" and int(hdrs["content-length"]) == len(v.body)
+    assert v.remove_headers == ("accept-encoding",)  # the answer is rewritten: it must come uncompressed
     assert orjson.loads(v.body) == {"model": "m2", "max_tokens": 5, "messages": [
         {"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]}
     assert state.request.api == "anthropic.messages" and state.request.model == "m2"
