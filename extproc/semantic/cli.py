@@ -3,7 +3,8 @@
 What:
   adapterctl tools SPEC [--format openai|anthropic|mcp] [--report] [-o OUT]
       One LLM tool per operation of an OpenAPI 3.0/3.1 or Swagger 2.0 document, printed as JSON.
-      --report lists skipped operations and warnings on stderr (stdout stays pure JSON).
+      --report lists skipped operations, unsupported parts (callbacks) and warnings on stderr
+      (stdout stays pure JSON).
   adapterctl align LEGACY ADAPTER_SCHEMA [--schema NAME | --operation ID] [-o MAPPING] [--report FILE]
       Matches the legacy contract's fields to the adapter schema's and writes a mapping file
       (YAML: forward/inverse templates plus conversions) and a report (Markdown, or JSON with
@@ -87,9 +88,10 @@ def cmd_tools(args: argparse.Namespace) -> int:
     _write(orjson.dumps(payload, option=option).decode() + "\n", args.output)
     if args.report:
         print(toolset.report(), file=sys.stderr)
-    elif toolset.skipped or toolset.warnings:
+    elif toolset.skipped or toolset.warnings or toolset.unsupported:
+        unsupported = f"{len(toolset.unsupported)} unsupported part(s) (callbacks), " if toolset.unsupported else ""
         print(f"{args.spec}: {len(toolset.tools)} tool(s); {len(toolset.skipped)} operation(s) skipped, "
-              f"{len(toolset.warnings)} warning(s) (--report lists them)", file=sys.stderr)
+              f"{unsupported}{len(toolset.warnings)} warning(s) (--report lists them)", file=sys.stderr)
     return 0
 
 

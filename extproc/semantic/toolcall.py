@@ -12,8 +12,9 @@ What, in the order a gateway stage uses it:
    field by JSON pointer (``/pet/tags/0``) and dotted path (``pet.tags[0]``): the body of a 400.
 3. `build_request(tool, args, base_url)` returns the service request as an `HttpRequest`
    ``(method, target, headers, body)``: path parameters substituted and percent-encoded (``/``
-   too: a value never adds a path segment), query string, headers, cookies and the JSON body, all
-   serialised with the parameter's OpenAPI ``style``/``explode``.
+   too: a value never adds a path segment), query string, headers, cookies and the body (JSON, or a
+   urlencoded or multipart form written by `extproc.semantic.form_encoding`), all serialised with
+   the parameter's OpenAPI ``style``/``explode`` (a form property's ``encoding``).
 4. `tool_result(status, headers, body)` maps the service's response to the tool-result document
    the model reads back; `openai_tool_message`, `anthropic_tool_result` and `mcp_call_result` wrap
    it for each protocol.
@@ -46,6 +47,7 @@ import orjson
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import ValidationError
 
+from extproc.semantic.form_encoding import FormEncodingError, encode_form
 from extproc.semantic.openapi import escape_token
 from extproc.semantic.tools import ParamBinding, Tool, ToolSet
 
@@ -535,9 +537,10 @@ def build_request(tool: Tool, args: Mapping[str, Any], base_url: str | None = No
     body_bytes = None
     body = tool.body
     if body is not None:
+        content_type = body.content_type
         if body.arg is not None:
             if body.arg in args:
-                body_bytes = _dumps(args[body.arg], tool)
+                content_type, body_bytes = _encode_body(args[body.arg], tool, (body.arg,))
         else:
             doc = {k: args[k] for k in body.fields if k in args}
             if body.extra:
@@ -545,9 +548,9 @@ def build_request(tool: Tool, args: Mapping[str, Any], base_url: str | None = No
                     if k not in used and k not in doc:
                         doc[k] = v
             if doc or body.required:
-                body_bytes = _dumps(doc, tool)
+                content_type, body_bytes = _encode_body(doc, tool, ())
         if body_bytes is not None:
-            headers.append(("content-type", body.content_type))
+            headers.append(("content-type", content_type))
     if cookies:
         headers.append(("cookie", "; ".join(cookies)))
     headers.append(("accept", "application/json"))
@@ -557,6 +560,18 @@ def build_request(tool: Tool, args: Mapping[str, Any], base_url: str | None = No
     target = quote(prefix + path, safe=_PATH_SAFE)
     target = (target if target.startswith("/") else "/" + target) + ("?" + "&".join(query) if query else "")
     return HttpRequest(tool.method, target, tuple(headers), body_bytes)
+
+
+def _encode_body(v: Any, tool: Tool, path: tuple) -> tuple[str, bytes]:
+    """``(content-type, bytes)`` of the body: JSON, or the form `extproc.semantic.form_encoding` writes."""
+    form = tool.body.form if tool.body is not None else None
+    if form is None:
+        return tool.body.content_type, _dumps(v, tool)
+    try:
+        return encode_form(v, form, path=path)
+    except FormEncodingError as e:
+        raise ToolCallError("invalid_tool_arguments", f"invalid arguments for tool {tool.name!r}",
+                            [ArgumentError(_pointer(e.path), _dotted(e.path), e.message)], tool=tool.name) from None
 
 
 def _dumps(v: Any, tool: Tool) -> bytes:

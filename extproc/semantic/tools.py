@@ -36,10 +36,16 @@ schema has none. Clashes are settled deterministically:
 A tool without a merged body has ``additionalProperties: false``. Header parameters named
 ``Accept``, ``Content-Type`` or ``Authorization`` are ignored, as the specification says.
 
-**Skipped** operations (listed in `ToolSet.skipped` with the reason, never silently): ones with
-``callbacks``; request bodies with no JSON media type (``multipart/form-data``,
-``application/x-www-form-urlencoded``, ``application/octet-stream``...; an optional one whose schema
-declares no fields is just not sent, with a warning) and Swagger ``formData`` parameters; ``type: file``; parameter serialisation styles this module cannot produce; ``$ref``
+**Request bodies**: JSON is preferred (``application/json``, then ``*/*+json``, then ``*/*``),
+else ``application/x-www-form-urlencoded``, else ``multipart/form-data``; form bodies become
+arguments like JSON ones and are encoded on execution by `extproc.semantic.form_encoding` (binary
+multipart properties are base64 arguments). **Callbacks** are not tools: the operation is one, and
+each callback is listed in `ToolSet.unsupported` (the gateway never calls them).
+
+**Skipped** operations (listed in `ToolSet.skipped` with the reason, never silently): request bodies
+with neither a JSON nor a form media type (``application/octet-stream``, ``text/plain``...; an
+optional one whose schema declares no fields is just not sent, with a warning) and Swagger
+``formData`` parameters; ``type: file``; parameter serialisation styles this module cannot produce; ``$ref``
 to URLs; schemas that expand past ``max_schema_nodes``. 3.1 ``webhooks`` are not operations of
 the service and are not tools.
 
@@ -59,6 +65,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
+from extproc.semantic.form_encoding import FormEncoding, FormEncodingError, form_media_type, prepare_form
 from extproc.semantic.openapi import Resolver, Spec, iter_operations, join_pointer
 from extproc.semantic.schemas import SchemaTooLarge, UnsupportedSchema, to_json_schema
 
@@ -142,7 +149,9 @@ class BodyBinding:
 
     ``arg`` is set when the body is *wrapped* (one argument holds it); otherwise the body is
     *merged*: ``fields`` are the argument names that are body properties and, when ``extra`` is
-    true, any other argument that is not a parameter goes into the body too.
+    true, any other argument that is not a parameter goes into the body too. ``form`` is set for
+    a form body (``content_type`` urlencoded or multipart): how `extproc.semantic.form_encoding`
+    writes it; None for JSON.
     """
 
     arg: str | None
@@ -150,6 +159,7 @@ class BodyBinding:
     extra: bool
     required: bool
     content_type: str
+    form: FormEncoding | None = None
 
 
 @dataclass(frozen=True)
@@ -221,20 +231,29 @@ class Notice:
 
 @dataclass(frozen=True)
 class ToolSet:
-    """The result of `build_tools`: tools in document order, skipped operations, warnings."""
+    """The result of `build_tools`: tools in document order, skipped operations, warnings.
+
+    ``unsupported`` lists parts of operations that became tools but are not handled (callbacks:
+    requests the service sends to a URL it was given; the gateway never makes or receives them).
+    """
 
     tools: tuple[Tool, ...]
     skipped: tuple[Skipped, ...] = ()
     warnings: tuple[Notice, ...] = ()
     by_name: Mapping[str, Tool] = field(default_factory=dict, compare=False)
+    unsupported: tuple[Notice, ...] = ()
 
     def report(self) -> str:
-        """A human-readable summary: counts, skipped operations, warnings."""
+        """A human-readable summary: counts, skipped operations, unsupported parts, warnings."""
         lines = [f"{len(self.tools)} tool(s), {len(self.skipped)} operation(s) skipped, "
-                 f"{len(self.warnings)} warning(s)"]
+                 + (f"{len(self.unsupported)} unsupported part(s), " if self.unsupported else "")
+                 + f"{len(self.warnings)} warning(s)"]
         if self.skipped:
             lines.append("skipped:")
             lines.extend(f"  {s}" for s in self.skipped)
+        if self.unsupported:
+            lines.append("unsupported (the tool exists; these parts are not handled):")
+            lines.extend(f"  {u}" for u in self.unsupported)
         if self.warnings:
             lines.append("warnings:")
             lines.extend(f"  {w}" for w in self.warnings)
@@ -368,6 +387,7 @@ class _Builder:
         self.max_schema_nodes = max_schema_nodes
         self.max_description = max_description
         self.warnings: list[Notice] = []
+        self.unsupported: list[Notice] = []
 
     def schema(self, schema: Any, pointer: str, base: str = "") -> dict:
         return to_json_schema(self.resolver, schema, version=self.spec.version, base=base,
@@ -375,11 +395,14 @@ class _Builder:
 
     def operation(self, path: str, method: str, op: dict, item: dict, pointer: str) -> dict:
         """Everything of a tool but its final name; raises `_Skip`."""
-        if op.get("callbacks"):
-            raise _Skip("operation has callbacks (the service calls back a URL it is given); "
-                        "callbacks are not supported")
         params, swagger_body = self.parameters(op, item, pointer)
-        body_schema, body_required, content_type, body_desc = self.request_body(op, pointer, swagger_body)
+        body_schema, body_required, content_type, body_desc, form = self.request_body(op, pointer, swagger_body)
+        callbacks = op.get("callbacks")
+        if callbacks:
+            names = ", ".join(map(repr, callbacks)) if isinstance(callbacks, dict) else repr(callbacks)
+            self.unsupported.append(Notice(f"{pointer}/callbacks", f"callback(s) {names}: requests the service "
+                                           "sends to a URL it is given are not supported (never invoked); the "
+                                           "operation itself is a tool"))
         # argument names for parameters
         bindings: list[ParamBinding] = []
         props: dict[str, Any] = {}
@@ -411,7 +434,7 @@ class _Builder:
                     required.extend(r for r in body_schema.get("required", ()) if r in body_schema["properties"])
                 additional = body_schema.get("additionalProperties", None)
                 extra = additional is not False
-                body = BodyBinding(None, fields, extra, body_required, content_type)
+                body = BodyBinding(None, fields, extra, body_required, content_type, form)
             else:
                 arg = "body"
                 for candidate in ("body", "request_body", *(f"body_{n}" for n in range(2, 100))):
@@ -426,7 +449,7 @@ class _Builder:
                 props[arg] = body_schema
                 if body_required:
                     required.append(arg)
-                body = BodyBinding(arg, (), False, body_required, content_type)
+                body = BodyBinding(arg, (), False, body_required, content_type, form)
         parameters: dict[str, Any] = {"type": "object", "properties": props}
         if required:
             parameters["required"] = required
@@ -465,7 +488,8 @@ class _Builder:
                 swagger_body = (p, base, pptr)  # Swagger 2.0 body: handled by request_body
                 continue
             if loc == "formData":
-                raise _Skip(f"parameter {name!r} is form data (#{pptr}); only JSON request bodies are supported")
+                raise _Skip(f"parameter {name!r} is form data (#{pptr}); Swagger 2.0 formData parameters are "
+                            "not supported (OpenAPI 3 form request bodies are)")
             if loc == "header" and name.lower() in _IGNORED_HEADERS:
                 self.warnings.append(Notice(pptr, f"header parameter {name!r} is ignored (OpenAPI: Accept, "
                                             "Content-Type and Authorization are set by other means)"))
@@ -523,11 +547,12 @@ class _Builder:
                         schema))
         return out, swagger_body
 
-    def request_body(self, op: dict, pointer: str, swagger_body: Any) -> tuple[dict | None, bool, str, str | None]:
-        """``(schema, required, content type, description)``; schema None when there is no body."""
+    def request_body(self, op: dict, pointer: str, swagger_body: Any
+                     ) -> tuple[dict | None, bool, str, str | None, FormEncoding | None]:
+        """``(schema, required, content type, description, form)``; schema None without a body."""
         if self.spec.version == "2.0":
             if swagger_body is None:
-                return None, False, "", None
+                return None, False, "", None, None
             p, base, pptr = swagger_body
             consumes = op.get("consumes") or self.spec.doc.get("consumes") or ["application/json"]
             media = next((m for m in consumes if isinstance(m, str) and is_json_media_type(m)), None)
@@ -539,32 +564,56 @@ class _Builder:
             except UnsupportedSchema as e:
                 raise _Skip(f"request body: {e}") from None
             desc = p.get("description") if isinstance(p.get("description"), str) else None
-            return schema, p.get("required") is True, media.split(";")[0].strip(), desc
+            return schema, p.get("required") is True, media.split(";")[0].strip(), desc, None
         raw = op.get("requestBody")
         if raw is None:
-            return None, False, "", None
+            return None, False, "", None, None
         try:
             body, base = self.resolver.deref(raw)
         except LookupError as e:
             raise _Skip(f"request body: {e}") from None
         content = body.get("content") or {}
         media = _pick_json_media(content)
+        form_media = None
         if media is None:
             if body.get("required") is not True and all(_empty_body(mt, self.resolver) for mt in content.values()):
                 self.warnings.append(Notice(f"{pointer}/requestBody", "an optional request body with no fields "
                                             f"({', '.join(map(str, content))}) is not sent"))
-                return None, False, "", None
-            raise _Skip(f"the request body is {', '.join(map(str, content)) or 'empty'}; only JSON request "
-                        "bodies are supported")
+                return None, False, "", None, None
+            media, form_media = _pick_form_media(content)
+            if media is None:
+                raise _Skip(f"the request body is {', '.join(map(str, content)) or 'empty'}; only JSON request "
+                            "bodies and forms (application/x-www-form-urlencoded, multipart/form-data) are "
+                            "supported")
         mt = content[media] if isinstance(content[media], dict) else {}
+        schema_ptr = join_pointer(f"{pointer}/requestBody/content", media, "schema")
         try:
-            schema = self.schema(mt.get("schema", {}), join_pointer(f"{pointer}/requestBody/content", media,
-                                                                   "schema"), base)
+            schema = self.schema(mt.get("schema", {}), schema_ptr, base)
         except UnsupportedSchema as e:
             raise _Skip(f"request body: {e}") from None
-        content_type = "application/json" if "*" in media else media.split(";")[0].strip()
         desc = body.get("description") if isinstance(body.get("description"), str) else None
-        return schema, body.get("required") is True, content_type, desc
+        if form_media is not None:
+            try:
+                schema, form, notes = prepare_form(form_media, schema, mt.get("encoding"))
+            except FormEncodingError as e:
+                raise _Skip(f"request body ({form_media}): {e}") from None
+            others = [str(k) for k in content if k != media]
+            if others:
+                notes.append(f"the body is sent as {form_media} (also declared: {', '.join(others)})")
+            self.warnings.extend(Notice(join_pointer(f"{pointer}/requestBody/content", media), n) for n in notes)
+            return schema, body.get("required") is True, form_media, desc, form
+        content_type = "application/json" if "*" in media else media.split(";")[0].strip()
+        return schema, body.get("required") is True, content_type, desc, None
+
+
+def _pick_form_media(content: dict) -> tuple[str | None, str | None]:
+    """``(content key, form media type)``: urlencoded before multipart; ``(None, None)`` without a form."""
+    keys = [k for k in content if isinstance(k, str)]
+    for wanted in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        for k in keys:
+            if form_media_type(k) == wanted:
+                return k, wanted
+    return None, None
 
 
 def _empty_body(media_type: Any, resolver: Resolver) -> bool:
@@ -641,7 +690,8 @@ def build_tools(spec: Spec, *, max_schema_nodes: int = 20_000, max_description: 
             b.warnings.append(Notice(fields["pointer"], f"operationId {op_id!r} became tool name {name!r}"))
         names[name] = fields["pointer"]
         tools.append(Tool(name=name, operation_id=op_id, **fields))
-    return ToolSet(tuple(tools), tuple(skipped), tuple(b.warnings), MappingProxyType({t.name: t for t in tools}))
+    return ToolSet(tuple(tools), tuple(skipped), tuple(b.warnings), MappingProxyType({t.name: t for t in tools}),
+                   tuple(b.unsupported))
 
 
 # --------------------------------------------------------------------------

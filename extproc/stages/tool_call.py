@@ -5,7 +5,8 @@ What: the client (an agent runtime) POSTs one tool call as OpenAI (`{"id", "type
 MCP (`{"name", "arguments"}`, or a JSON-RPC `tools/call` request). The tool is looked up among the
 route's tools (built from its `openapi` document at config load), the arguments are validated
 against the tool's schema (400 naming each bad field by JSON pointer), and the service request is
-built: method, path parameters substituted and percent-encoded, query, headers, JSON body. The
+built: method, path parameters substituted and percent-encoded, query, headers, a JSON or form
+(urlencoded, multipart) body. The
 processor rewrites the request into it; `dispatch`, next in the same reply, routes it to the
 route's backend. The service's answer,
 whatever its status, becomes the tool result in the caller's protocol (OpenAI `role: tool`
@@ -63,9 +64,12 @@ class ToolCall:
                                          body=doc if isinstance(doc, dict) else None)
         if isinstance(doc, dict) and doc.get("jsonrpc") is not None:
             state.attrs["jsonrpc_id"] = doc.get("id")  # answered with the id as sent (number or string)
-        state.backend_request = orjson.dumps({"method": req.method, "target": req.target,
-                                              "headers": dict(req.headers),
-                                              "body": orjson.loads(req.body) if req.body else None})
+        headers_map = dict(req.headers)
+        is_json = req.body and not headers_map.get("content-type", "").startswith(("multipart/", "application/x-www"))
+        state.backend_request = orjson.dumps({"method": req.method, "target": req.target, "headers": headers_map,
+                                              # a form body (urlencoded or multipart) is shown as text
+                                              "body": (orjson.loads(req.body) if is_json else
+                                                       req.body.decode("utf-8", "replace") if req.body else None)})
         body = req.body or b""
         headers = [(":method", req.method), (":path", req.target), *req.headers, ("content-length", str(len(body)))]
         if req.body is not None and not any(k == "content-type" for k, _ in req.headers):

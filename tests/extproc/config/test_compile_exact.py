@@ -247,7 +247,7 @@ def test_files_a_route_names_are_read_relative_to_the_config_and_their_faults_na
     from tests.conftest import DATA
 
     shutil.copy(DATA / "openapi" / "petstore.yaml", tmp_path / "pets.yaml")
-    shutil.copy(DATA / "openapi" / "callback-example.yaml", tmp_path / "noops.yaml")
+    shutil.copy(DATA.parent / "fixtures" / "openapi" / "v3.1" / "webhook-example.yaml", tmp_path / "noops.yaml")
     shutil.copy(DATA / "contract" / "rest-mapping.yaml", tmp_path / "orders.yaml")
     (tmp_path / "bad.yaml").write_text("not: [a mapping\n")
     base = HEAD + "  backends: [{name: svc, kind: rest, endpoints: ['127.0.0.1:9']}]\n  routes:\n"

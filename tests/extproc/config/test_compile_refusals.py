@@ -21,7 +21,7 @@ TWO = ('  backends: [{name: llm, endpoints: ["127.0.0.1:9000"]}, '
        '{name: ort, kind: onnxruntime, protocol: http, endpoints: ["127.0.0.1:9001"]}]\n')
 REST = '  backends: [{name: svc, kind: rest, endpoints: ["127.0.0.1:9003"]}]\n'
 PETS = DATA / "openapi" / "petstore.yaml"
-NO_OPS = DATA / "openapi" / "callback-example.yaml"
+NO_OPS = DATA.parent / "fixtures" / "openapi" / "v3.1" / "webhook-example.yaml"  # no paths, only a webhook
 
 CASES = {
     "duplicate backend": (ONE.replace("]\n", ', {name: llm, endpoints: ["127.0.0.1:9002"]}]\n') + f"  routes: [{LLM}]\n",

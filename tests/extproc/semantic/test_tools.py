@@ -94,15 +94,17 @@ def test_docker_engine_swagger2(docker):
 def test_server_variables_take_their_defaults():
     ts = build_tools(load_spec(DATA / "uspto.yaml"))
     assert ts.by_name["list-data-sets"].server_url == "https://developer.uspto.gov/ds-api"
-    assert [s.method for s in ts.skipped] == ["POST"]  # form-urlencoded search
+    assert ts.skipped == ()  # the form-urlencoded search is a tool (issue 16 item 7)
+    assert ts.by_name["perform-search"].body.content_type == "application/x-www-form-urlencoded"
 
 
-def test_callbacks_are_skipped_and_reported():
+def test_an_operation_with_callbacks_is_a_tool_and_its_callbacks_are_reported_unsupported():
     ts = build_tools(load_spec(DATA / "callback-example.yaml"))
-    assert ts.tools == () and len(ts.skipped) == 1
-    s = ts.skipped[0]
-    assert (s.method, s.path, s.pointer) == ("POST", "/streams", "/paths/~1streams/post")
-    assert "callbacks" in s.reason and "callbacks" in ts.report()
+    assert [t.name for t in ts.tools] == ["post_streams"] and ts.skipped == ()
+    assert ts.tools[0].parameters["required"] == ["callbackUrl"]
+    [u] = ts.unsupported
+    assert u.pointer == "/paths/~1streams/post/callbacks" and "'onData'" in u.message
+    assert "unsupported" in ts.report() and "never invoked" in ts.report()
 
 
 # -- names -----------------------------------------------------------------------
@@ -246,7 +248,8 @@ def test_json_like_media_types_are_accepted():
 
 
 @pytest.mark.parametrize("op,reason", [
-    ({"requestBody": body({"type": "object"}, True, "multipart/form-data")}, "only JSON request bodies"),
+    ({"requestBody": body({"type": "object"}, True, "application/octet-stream")}, "only JSON request bodies"),
+    ({"requestBody": body({"type": "string"}, True, "multipart/form-data")}, "must be an object schema"),
     ({"parameters": [{"name": "q", "in": "query", "style": "deepObject", "explode": True, "schema": {}},
                      {"name": "x", "in": "header", "style": "form", "schema": {}}]}, "style 'form' in header"),
     ({"parameters": [{"name": "q", "in": "query", "content": {"text/plain": {}}}]}, "only JSON is supported"),
@@ -268,7 +271,8 @@ def test_optional_empty_non_json_body_is_not_sent():
     assert [t.name for t in ts.tools] == ["get_p"] and ts.tools[0].body is None
     assert "is not sent" in ts.warnings[0].message
     with_fields = {"content": {"application/x-www-form-urlencoded": {"schema": {"properties": {"a": {}}}}}}
-    assert tools_of({"/p": {"post": {"requestBody": with_fields, "responses": OK}}}).skipped
+    t = tools_of({"/p": {"post": {"requestBody": with_fields, "responses": OK}}}).tools[0]
+    assert t.body.fields == ("a",) and t.body.content_type == "application/x-www-form-urlencoded"
 
 
 def test_swagger2_collection_format_that_is_not_a_string_is_skipped():
