@@ -16,7 +16,9 @@ The endpoints' results are joined into the backend's dialect (a capability count
 endpoint has it), then the parts the config fixes are put over it (`DialectConfig.apply`).
 When: each worker negotiates its snapshot's backends at start-up (in the background), a backend it
 meets for the first time on a request before that finished (the request waits, bounded), and again on
-every `GET /health/adapter?probe=protocol-negotiation` it answers, which reports the result.
+every `GET /health/adapter?probe=protocol-negotiation` it answers, which reports the result; a
+backend none of whose endpoints answered is tried again (in the background) when a request needs it
+`RETRY_DOWN` seconds later.
 State: a `Negotiator` per worker, in `Runtime.cache("negotiation")` (worker lifetime; keyed by the
 backend's name, endpoints and dialect config, so a reload that changes them negotiates again).
 Each worker negotiates on its own.
@@ -43,6 +45,7 @@ PROBE_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "re
 PROBE_MESSAGES = [{"role": "user", "content": "Is this service up? Answer in JSON."}]
 STARTUP_TIMEOUT = 10.0  # per endpoint, at start-up and on a first request's behalf
 REQUEST_WAIT = 0.5  # how long a request waits for its backend's first negotiation
+RETRY_DOWN = 10.0  # a backend none of whose endpoints answered is negotiated again after this long
 ENGINES = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "ollama": "ollama", "library": "ollama",
            "me": "llama-cpp-python", "openai": "openai", "system": "openai"}
 ORDER = {"stream_usage": ("yes", "no", "refused"), "priority": ("honoured", "ignored", "refused"),
@@ -200,7 +203,16 @@ class Negotiator:
         return got.dialect if got is not None else dialect_config(backend).base(backend.kind)
 
     def known(self, backend: Any) -> bool:
-        return not negotiates(backend) or self._key(backend) in self._results
+        """Negotiated (or not to be). A backend nobody answered for is tried again in the background
+        every `RETRY_DOWN` seconds while requests come (call inside the running loop)."""
+        if not negotiates(backend):
+            return True
+        got = self._results.get(self._key(backend))
+        if got is None:
+            return False
+        if got.source == "default" and time.time() - got.at > RETRY_DOWN:
+            self._task(backend, STARTUP_TIMEOUT)
+        return True
 
     def start(self, backends: Any, timeout: float = STARTUP_TIMEOUT) -> None:
         """Negotiate, in the background, every backend not negotiated yet (inside a running loop)."""

@@ -11,8 +11,9 @@ The server lives in its own venv (`.tools/llama-venv`, `make llama-setup`, which
 
 from __future__ import annotations
 
+import base64
 import subprocess
-import sys
+import time
 
 import httpx
 import openai
@@ -20,6 +21,7 @@ import orjson
 import pytest
 import yaml
 
+from backends.dialects import PRESETS
 from extproc.stack import free_port, stop_process, wait_http
 from tests.conftest import REPO
 from tests.promtext import wait_samples
@@ -36,11 +38,17 @@ BRIEF = yaml.safe_load((REPO / "examples" / "finance-llm-adapter.yaml").read_tex
 ANALYZE = next(r for r in BRIEF["spec"]["routes"] if r["path"] == "/v1/analyze")
 
 
-def start_llama(model_path, port: int) -> subprocess.Popen:
+def start_llama(model_path, port: int, log) -> subprocess.Popen:
+    """The server, its access log (uvicorn's, one line per request) to `log`."""
     return subprocess.Popen(
         [str(LLAMA), "-m", "llama_cpp.server", "--model", str(model_path), "--model_alias", MODEL, "--host",
          "127.0.0.1", "--port", str(port), "--n_ctx", "512", "--n_threads", "1", "--verbose", "false"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=log, stderr=subprocess.STDOUT)
+
+
+def chat_requests(llama) -> int:
+    """How many chat completions the server has been asked for so far (its access log)."""
+    return llama["log"].read_text().count('"POST /v1/chat/completions HTTP/1.1"')
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +57,12 @@ def llama(tmp_path_factory):
     model = root / "tiny.gguf"
     subprocess.run([str(LLAMA), str(REPO / "tests" / "llamacpp_model.py"), str(model)], check=True, timeout=120)
     port = free_port()
-    proc = start_llama(model, port)
+    log = root / "server.log"
+    with open(log, "wb") as out:
+        proc = start_llama(model, port, out)
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", 60, proc, "llama.cpp server")
-        yield {"port": port, "model": model, "proc": proc}
+        yield {"port": port, "model": model, "proc": proc, "log": log}
     finally:
         stop_process(proc)
 
@@ -60,7 +70,8 @@ def llama(tmp_path_factory):
 def config(llama_port: int, down_port: int) -> str:
     """The brief's /v1/analyze route (as in examples/finance-llm-adapter.yaml) and the OpenAI API, on the
     llama.cpp server; the same server as a backend fixed to the `prompt` dialect (two routes: one falls
-    back, one refuses); and a backend whose server is down."""
+    back, one refuses), and as one fixed to OpenAI's dialect, not negotiated; and a backend whose server
+    is down."""
     routes = [
         {**ANALYZE, "target": "llama"},
         # with a request template (bounded answers: the random model would write to the context's end)
@@ -69,6 +80,8 @@ def config(llama_port: int, down_port: int) -> str:
         {**ANALYZE, "path": "/v1/analyze-refuse", "name": "analyze-refuse", "target": "llama-prompt",
          "policy": {"structuredFallback": "refuse"}},
         {**ANALYZE, "path": "/v1/analyze-down", "name": "analyze-down", "target": "down"},
+        {**ANALYZE, "path": "/v1/analyze-unnegotiated", "name": "analyze-unnegotiated",
+         "target": "llama-unnegotiated"},
         {"path": "/v1/", "match": "prefix", "kind": "openai", "target": "llama"},
     ]
     spec = {
@@ -79,6 +92,8 @@ def config(llama_port: int, down_port: int) -> str:
             {"name": "llama-prompt", "endpoints": [f"127.0.0.1:{llama_port}"], "healthPath": "/v1/models",
              "dialect": {"structuredOutput": "prompt"}},
             {"name": "down", "endpoints": [f"127.0.0.1:{down_port}"], "timeout": "5s"},
+            {"name": "llama-unnegotiated", "endpoints": [f"127.0.0.1:{llama_port}"], "healthPath": "/v1/models",
+             "dialect": {"preset": "openai", "negotiate": False}},
         ],
         "routes": routes,
     }
@@ -101,6 +116,16 @@ def stack(llama, tmp_path_factory):
 @pytest.fixture
 def client(stack):
     return openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def wait_for(ready, timeout: float = 5.0) -> bool:
+    """`ready()` once true, or False at the deadline (the server writes its access log after answering)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def health(stack) -> tuple[int, dict]:
@@ -127,6 +152,7 @@ def test_the_probe_reports_the_dialect_llamacpp_speaks(stack):
     assert doc["structured_output"]["analyze-refuse"].startswith("refused")
     assert status == 503 and set(doc["failed"]) == {"backend down", "route analyze-refuse"}
     assert doc["backends"]["down"]["dialect"]["source"] == "default"
+    assert doc["backends"]["llama-unnegotiated"]["dialect"] == {**PRESETS["openai"].as_dict(), "source": "config"}
 
 
 def test_the_brief_route_answers_in_its_schema(stack):
@@ -137,21 +163,21 @@ def test_the_brief_route_answers_in_its_schema(stack):
     assert set(voucher) == {"amount", "account"}
     assert isinstance(voucher["amount"], (int, float))
     assert voucher["account"] in ANALYZE["outputSchema"]["properties"]["account"]["enum"]
-    import base64
-
     sent = orjson.loads(base64.b64decode(r.headers["x-adapter-backend-request"]))
     assert sent["response_format"] == {"type": "json_object", "schema": ANALYZE["outputSchema"]}
 
 
-def test_a_backend_without_structured_output_gets_the_schema_in_the_prompt(stack):
+def test_a_backend_without_structured_output_gets_the_schema_in_the_prompt(stack, llama):
     """The prompt fallback: the schema in the system prompt, the answer validated, one repair retry.
     A random-weight model cannot write the JSON, so the answer is refused as not matching (502), after
-    the one repair retry; nothing unvalidated reaches the client."""
+    the one repair retry (the server saw two requests); nothing unvalidated reaches the client."""
+    before = chat_requests(llama)
     r = httpx.post(f"{stack.url}/v1/analyze-prompt", json={"query": "计算Q3营收"}, headers={"x-adapter-debug": "1"},
                    timeout=60)
     assert r.status_code == 502, r.text
     assert r.json()["error"]["code"] == "model_output_invalid"
     assert "does not match the route's schema" in r.json()["error"]["message"]
+    assert wait_for(lambda: chat_requests(llama) - before == 2), chat_requests(llama) - before
 
 
 def test_a_route_that_refuses_says_why(stack):
@@ -205,16 +231,21 @@ def test_a_stream_without_include_usage_has_no_usage_chunk(client):
 
 
 def test_a_server_500_does_not_reach_the_client_with_its_internals(stack):
-    """llama.cpp's 500 for a request it cannot take names its source file; the client gets the route's
-    error with the request id instead (the body goes to the gateway's log)."""
-    r = httpx.post(f"{stack.url}/v1/analyze", json={"query": "x"}, timeout=30)  # warm: the route works
-    assert r.status_code == 200
-    # a request the server fails on: an n_ctx overflow (512) through the openai route is a client
-    # error (400) there; through the brief's route a 500 is what its server answers to a bad format
+    """llama.cpp's 500 names its source file; the client gets the route's error with the request id
+    instead, the body goes to the gateway's log. On the brief's route: the backend fixed by config to
+    OpenAI's dialect without negotiating (what the gateway did before: `json_schema`, refused with 500);
+    on the openai route: a response format the server does not know."""
+    r = httpx.post(f"{stack.url}/v1/analyze-unnegotiated", json={"query": "x"}, timeout=30)
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["code"] == "backend_error" and err["backend"] == "llama-unnegotiated"
+    assert err["request_id"] in err["message"] and "site-packages" not in r.text and "app.py" not in r.text
     bad = httpx.post(f"{stack.url}/v1/chat/completions", timeout=30, json={
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
         "response_format": {"type": "grammar"}})
     assert bad.status_code == 500
+    err = bad.json()["error"]
+    assert err["code"] == "backend_error" and err["request_id"] in err["message"]
     assert "site-packages" not in bad.text and "app.py" not in bad.text, bad.text
 
 
