@@ -275,7 +275,7 @@ def _listening(port: int) -> set[str]:
     return out
 
 
-def test_admin_metrics_and_worker_ports_listen_on_loopback_only(env):
+def test_admin_metrics_and_worker_ports_listen_on_loopback_only(env, tmp_path):
     st = env["st"]
     snap = st.snapshot
     ports = {"envoy admin": snap.admin.port, "processor admin": snap.processor.admin_port,
@@ -287,6 +287,11 @@ def test_admin_metrics_and_worker_ports_listen_on_loopback_only(env):
     from extproc.envoy_render import render
     boot = render(load_file(st.config_path))
     assert boot["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+    doc = json.loads(open(st.config_path).read())  # configured otherwise: rendered as configured
+    doc["spec"]["admin"] = {"address": "0.0.0.0"}
+    other = tmp_path / "gw.json"
+    other.write_text(json.dumps(doc))
+    assert render(load_file(other))["admin"]["address"]["socket_address"]["address"] == "0.0.0.0"
 
 
 # -- templates and CR LF -------------------------------------------------------------------------
