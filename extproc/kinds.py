@@ -20,8 +20,8 @@ pipeline's hooks use are exactly what Envoy is configured to send for the route.
 | tensor | like llm, with model-metadata before encode-request | adapter |
 | tool | admit, body-limit / tool-call, token-budget, dispatch / tool-call | tool |
 | rest | like llm, the body mapped by the route's mapping file both ways | adapter |
-| anthropic-messages | admit, body-limit, anthropic-messages / anthropic-messages, token-budget, dispatch / anthropic-messages (streamed) | anthropic |
-| openai-responses | admit, body-limit, openai-responses / openai-responses, token-budget, dispatch / openai-responses (streamed) | openai |
+| anthropic-messages | admit, body-limit, anthropic-messages, backend-dialect / anthropic-messages, token-budget, dispatch, backend-dialect / anthropic-messages (streamed) | anthropic |
+| openai-responses | admit, body-limit, openai-responses, backend-dialect / openai-responses, token-budget, dispatch, backend-dialect / openai-responses (streamed) | openai |
 | health | health / - / - | adapter |
 
 Why: one spec per kind instead of if-chains over five files (schema, compile, stages, cli); a
@@ -113,19 +113,21 @@ def _tool(route: Any) -> list[Any]:
 
 
 def _anthropic_messages(route: Any) -> list[Any]:
+    from extproc.stages.backend_dialect import BackendDialect
     from extproc.stages.client_api import anthropic_messages
     from extproc.stages.dispatch import DispatchAtBody
     from extproc.stages.token_budget import TokenBudgetAtBody
 
-    return [*_front(), anthropic_messages(), TokenBudgetAtBody(), DispatchAtBody()]
+    return [*_front(), anthropic_messages(), TokenBudgetAtBody(), DispatchAtBody(), BackendDialect()]
 
 
 def _openai_responses(route: Any) -> list[Any]:
+    from extproc.stages.backend_dialect import BackendDialect
     from extproc.stages.client_api import openai_responses
     from extproc.stages.dispatch import DispatchAtBody
     from extproc.stages.token_budget import TokenBudgetAtBody
 
-    return [*_front(), openai_responses(), TokenBudgetAtBody(), DispatchAtBody()]
+    return [*_front(), openai_responses(), TokenBudgetAtBody(), DispatchAtBody(), BackendDialect()]
 
 
 def _health(route: Any) -> list[Any]:

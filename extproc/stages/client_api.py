@@ -13,6 +13,8 @@ What, on a route of kind `anthropic-messages` (`POST /v1/messages`) or `openai-r
   events as they arrive and each chunk's events are translated and sent on at once (a partial event
   waits for the next chunk; nothing else is held); a JSON chat completion is collected and
   translated at its end; usage is counted in `adapter_processor_tokens_total` as on `openai` routes.
+  A stream without usage (a server that sends none, e.g. llama.cpp) gets the gateway's estimate in
+  the API's final usage (prompt characters / 4, one token per chunk; `usage.estimated` in attrs);
   A stream the backend ends without `data: [DONE]` gets the API's in-stream error (Anthropic's
   `error` event, Responses' `response.failed`) and `state.observed = truncated`;
 - errors: the backend's own (HTTP >= 400) become the API's error object with the same status: the
@@ -37,7 +39,7 @@ import orjson
 from backends.openai import OpenAIAdapter
 from extproc.apis.common import SseSplitter, TranslationError, sse_data
 from extproc.errors import reject, render
-from extproc.genai import ESTIMATED_EVENTS_ATTR
+from extproc.genai import ESTIMATED_EVENTS_ATTR, estimate_output_tokens
 from extproc.request import parse_json_body, parse_openai
 from extproc.stages.body_limit import check_length
 from extproc.stages.dispatch import backend_of
@@ -161,7 +163,7 @@ class ClientApi:
             events += r.sse.flush()
         stream = r.stream
         adapter = backend_of(state).adapter
-        counted = 0
+        attrs = state.attrs
         for event in events:
             if stream.ended:
                 break
@@ -169,6 +171,8 @@ class ClientApi:
             if data is None:
                 continue
             if data.strip() == b"[DONE]":
+                if stream.usage is None:  # a server that sends no usage in streams: the gateway's estimate
+                    stream.usage = _estimated_usage(state)
                 out += stream.done()
                 continue
             try:
@@ -177,7 +181,7 @@ class ClientApi:
                 continue
             if not isinstance(chunk, dict):
                 continue
-            counted += 1
+            attrs[ESTIMATED_EVENTS_ATTR] = attrs.get(ESTIMATED_EVENTS_ATTR, 0) + 1  # genai.py's output estimate
             if chunk.get("usage"):
                 state.usage = adapter.usage(chunk)
             error = chunk.get("error")
@@ -186,7 +190,6 @@ class ClientApi:
                 out += stream.error(502, f"backend {state.backend}: {message}"[:1000])
                 continue
             out += stream.feed(chunk)
-        state.attrs[ESTIMATED_EVENTS_ATTR] = state.attrs.get(ESTIMATED_EVENTS_ATTR, 0) + counted
         if msg.end_of_stream and not stream.ended:
             state.observed = Outcome.TRUNCATED
             out += stream.error(502, f"backend {state.backend} ended the stream before it was complete "
@@ -229,6 +232,14 @@ class ClientApi:
     def _error(self, state: RequestState, status: int, code: str, message: str, **fields: Any) -> bytes:
         return render(state.route.dialect, reject(status, code, message, **fields), state.route.name,
                       state.request_id)
+
+
+def _estimated_usage(state: RequestState) -> tuple[int, int, int]:
+    """(prompt, completion, cached) tokens for a stream the backend sent without usage: the prompt's
+    characters / 4 and one token per chunk (extproc/genai.py's estimates), marked `usage.estimated`."""
+    state.attrs["usage.estimated"] = True
+    req = state.request
+    return (max(1, req.prompt_tokens_estimate()) if req is not None else 0), estimate_output_tokens(state) or 0, 0
 
 
 def _message_of(doc: Any) -> str | None:

@@ -60,9 +60,11 @@ STAGES = {
     "rest": {RH: ["admit", "body-limit", "encode-request"], RB: ["parse-json", "token-budget", "dispatch", "encode-request"],
              PH: ["decode-response"], PB: ["encode-request", "decode-response"]},
     "health": {RH: ["health"]},
-    "anthropic-messages": {RH: ["admit", "body-limit", "anthropic-messages"], RB: ["anthropic-messages", "token-budget", "dispatch"],
+    "anthropic-messages": {RH: ["admit", "body-limit", "anthropic-messages", "backend-dialect"],
+                           RB: ["anthropic-messages", "token-budget", "dispatch", "backend-dialect"],
                            PH: ["anthropic-messages"], PB: ["anthropic-messages"]},
-    "openai-responses": {RH: ["admit", "body-limit", "openai-responses"], RB: ["openai-responses", "token-budget", "dispatch"],
+    "openai-responses": {RH: ["admit", "body-limit", "openai-responses", "backend-dialect"],
+                         RB: ["openai-responses", "token-budget", "dispatch", "backend-dialect"],
                          PH: ["openai-responses"], PB: ["openai-responses"]},
 }
 DIALECT = {"llm": "adapter", "passthrough": "adapter", "openai": "openai", "kserve": "kserve", "tensor": "adapter",
