@@ -11,7 +11,9 @@ Endpoints
     optional), ``POST /v2/repository/models/{m}/load|unload``, ``GET|POST
     /admin/models/{m}[/versions/{v}]/batching`` (read or change ``max_batch_size`` /
     ``max_queue_delay_us`` at run time; kept off ``/v2`` so a gateway that forwards ``/v2/*`` does
-    not expose it), ``GET /metrics`` (Prometheus text, the server's own registry).
+    not expose it; a POST may carry ``owner`` and ``lease_ms``: while a lease is held, changes by anyone
+    else get 409, so only one controller acts on a model, see :class:`_BatchingLeases`), ``GET /metrics``
+    (Prometheus text, the server's own registry).
     Errors are ``{"error": "..."}``: 400 bad tensor (names the input), 404 unknown model, version
     or path, 405 wrong method, 413 body too large, 503 not ready, 500 the model failed to run.
     Request bodies may be gzip or deflate encoded (``Content-Encoding``), as tritonclient can send.
@@ -109,12 +111,53 @@ async def _send(send: Callable, status: int, body: bytes, content_type: bytes,
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+MAX_LEASE_MS = 60_000
+
+
+class _BatchingLeases:
+    """Who may change a model's batching: ``POST .../batching`` with ``{"owner": "ctl-a", "lease_ms": 1000}``
+    takes (or renews) the model's lease for ``lease_ms`` (0 releases it); while it is held, a change
+    from any other owner, or from none, is refused with 409 naming the holder. Expired leases are free.
+    Why: several gateway replicas may run a batch controller for the same server; the server is the
+    one place that sees all of them, so it arbitrates (issue 14: one controller per endpoint acts).
+    Cost: a dict lookup per admin call; nothing per inference request."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._held: dict[str, tuple[str, float]] = {}
+
+    def holder(self, model: str) -> tuple[str, float] | None:
+        held = self._held.get(model)
+        if held is None or held[1] <= self._clock():
+            return None
+        return held[0], held[1] - self._clock()
+
+    def claim(self, model: str, owner: Any, lease_ms: Any) -> None:
+        if owner is not None and (not isinstance(owner, str) or not owner or len(owner) > 200):
+            raise _HTTPError(400, "'owner' must be a non-empty string of at most 200 characters")
+        if lease_ms is not None and (isinstance(lease_ms, bool) or not isinstance(lease_ms, int)
+                                     or not 0 <= lease_ms <= MAX_LEASE_MS):
+            raise _HTTPError(400, f"'lease_ms' must be an integer in [0, {MAX_LEASE_MS}]")
+        if lease_ms is not None and owner is None:
+            raise _HTTPError(400, "'lease_ms' needs an 'owner'")
+        held = self.holder(model)
+        if held is not None and held[0] != owner:
+            raise _HTTPError(409, f"batching of model {model!r} is held by {held[0]!r} for another "
+                                  f"{held[1] * 1000:.0f} ms")
+        if owner is not None:
+            if lease_ms == 0:
+                self._held.pop(model, None)
+            else:
+                self._held[model] = (owner, self._clock() + (lease_ms if lease_ms is not None else 1000) / 1000)
+
+
 class OrtHttpApp:
     """The ASGI application; the service must be started (models loaded) before traffic counts."""
 
     def __init__(self, service: InferenceService, max_body_bytes: int = 64 * 1024 * 1024) -> None:
         self.service = service
         self.max_body_bytes = max_body_bytes
+        self.leases = _BatchingLeases()
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] == "lifespan":
@@ -201,10 +244,20 @@ class OrtHttpApp:
 
     def _batching(self, method: str, name: str, version: str | None, body: bytes):
         if method == "GET":
-            return 200, json_body(self.service.batching(name, version)), _JSON, ()
+            return 200, json_body(self._with_owner(name, self.service.batching(name, version))), _JSON, ()
         _allow(method, "POST")
         changes = _json_object(body)
-        return 200, json_body(self.service.set_batching(name, version, **changes)), _JSON, ()
+        owner, lease_ms = changes.pop("owner", None), changes.pop("lease_ms", None)
+        self.service.resolve(name, version)  # 404 / 503 before a lease is taken
+        self.leases.claim(name, owner, lease_ms)
+        result = self.service.set_batching(name, version, **changes)
+        return 200, json_body(self._with_owner(name, result)), _JSON, ()
+
+    def _with_owner(self, name: str, doc: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        held = self.leases.holder(name)
+        for entry in doc.values():
+            entry["owner"] = held[0] if held is not None else None
+        return doc
 
     async def _infer(self, name: str, version: str | None, scope: dict, body: bytes):
         started = time.perf_counter()

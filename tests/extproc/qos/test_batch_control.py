@@ -1,0 +1,162 @@
+"""The batch control loop (extproc/qos/batch_control.py) against a real ONNX Runtime server process.
+
+The server is `python -m backends.onnxruntime` on a free port with the demo repository (real
+inference), stopped by PID. Policies are the real ones; the clock is injected where lease timing
+matters, the attainment comes from the server's own histogram after real requests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+import httpx
+import pytest
+
+from backends.onnxruntime.models import write_demo_repository
+from extproc.qos.batch_control import (BatchControlRuntime, BatchController, ControlLoop, LeaseHeld,
+                                       OrtBatchingClient)
+from extproc.qos.batch_policy import AimdPolicy, BatchSetting, BriefPolicy, StaticPolicy
+from tests.backends.onnxruntime.conftest import Server, start_server, stop_server_process
+
+MODEL = "fraud-mlp"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("ort-repo")
+    write_demo_repository(repo)
+    srv = start_server(repo, tmp_path_factory.mktemp("ort-log") / "stderr.log", "--threads", "2")
+    yield srv
+    stop_server_process(srv.process)
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[OrtBatchingClient]:
+    c = OrtBatchingClient(server.base, MODEL)
+    yield c
+    httpx.post(f"{server.base}/admin/models/{MODEL}/batching",  # leave the model as config.yaml has it
+               json={"max_batch_size": 32, "max_queue_delay_us": 1000}, timeout=5)
+    c.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def infer(server: Server, n: int) -> None:
+    with httpx.Client(base_url=server.base, timeout=10) as http:
+        for i in range(n):
+            r = http.post(f"/v2/models/{MODEL}/infer", json={
+                "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 8], "data": [0.1 * i] * 8}]})
+            assert r.status_code == 200, r.text
+
+
+def test_controller_applies_the_policy_and_the_server_reports_it_back(server: Server, client) -> None:
+    clock = Clock()
+    ctl = BatchController(AimdPolicy(delay_us=700, start=8, hold=1, step=3, max_size=20), client,
+                          slo_latency=5.0, clock=clock, lease_ms=1000)  # 5 s: every request meets it
+    ctl.start()
+    assert client.settings()["1"]["max_batch_size"] == 8
+    infer(server, 5)
+    clock.t += 0.1
+    rec = ctl.tick()
+    assert (rec.requests, rec.attainment) == (5, 1.0)
+    assert rec.wanted == BatchSetting(11, 700) and rec.applied == BatchSetting(11, 700)
+    now = client.settings()["1"]
+    assert (now["max_batch_size"], now["max_queue_delay_us"], now["owner"]) == (11, 700, ctl.owner)
+    meta = httpx.get(f"{server.base}/v2/models/{MODEL}", timeout=5).json()["batching"]
+    assert meta["max_batch_size"] == 11  # the batcher itself took it, not only the admin view
+    clock.t += 0.1
+    rec = ctl.tick()  # no requests: no evidence, no change, no write (the lease is still fresh)
+    assert (rec.requests, rec.attainment, rec.applied) == (0, None, None)
+    ctl.stop()
+    assert client.settings()["1"]["owner"] is None  # the lease was given back
+
+
+def test_controller_reads_violations_from_the_servers_histogram(server: Server, client) -> None:
+    clock = Clock()
+    # 0.1 ms: a one-row HTTP inference takes longer than that on any machine here -> attainment 0
+    ctl = BatchController(BriefPolicy(delay_us=1000), client, slo_latency=0.0001, clock=clock)
+    ctl.start()
+    assert client.settings()["1"]["max_batch_size"] == 32
+    infer(server, 4)
+    clock.t += 0.1
+    rec = ctl.tick()
+    assert rec.requests == 4 and rec.attainment is not None and rec.attainment < 0.7
+    assert rec.applied == BatchSetting(1, 1000)  # the brief's formula, clamped to 1
+    assert client.settings()["1"]["enabled"] is False
+    ctl.stop()
+
+
+def test_only_one_controller_acts_per_endpoint(server: Server, client) -> None:
+    clock = Clock()
+    other = OrtBatchingClient(server.base, MODEL)
+    try:
+        a = BatchController(StaticPolicy(BatchSetting(4, 100)), client, slo_latency=0.005, clock=clock,
+                            lease_ms=400, owner="replica-a")
+        b = BatchController(StaticPolicy(BatchSetting(9, 900)), other, slo_latency=0.005, clock=clock,
+                            lease_ms=400, owner="replica-b")
+        a.start()
+        b.start()  # refused by the server: b is a standby and writes nothing
+        assert (a.acting, b.acting) == (True, False)
+        for _ in range(3):
+            clock.t += 0.1
+            a.tick()
+            assert b.tick().applied is None
+        now = client.settings()["1"]
+        assert (now["max_batch_size"], now["owner"]) == (4, "replica-a")
+        with pytest.raises(LeaseHeld, match="held by 'replica-a'"):
+            other.apply(BatchSetting(2, 0))  # an anonymous write is refused too
+        a.stop()  # a gives the lease back; b takes over at its next try (one lease after its refusal)
+        clock.t += 0.4
+        rec = b.tick()
+        assert rec.acting and rec.applied == BatchSetting(9, 900)
+        assert client.settings()["1"]["owner"] == "replica-b"
+        b.stop()
+    finally:
+        other.close()
+
+
+def test_a_lapsed_lease_lets_the_standby_take_over(server: Server, client) -> None:
+    other = OrtBatchingClient(server.base, MODEL)
+    try:
+        client.apply(BatchSetting(6, 100), owner="crashed", lease_ms=400)  # a controller that then dies
+        b = BatchController(StaticPolicy(BatchSetting(7, 100)), other, slo_latency=0.005, lease_ms=400)
+        b.start()
+        assert not b.acting
+        loop = ControlLoop(b, period=0.05)
+        loop.start()  # start() again re-reads the baseline and tries the lease once more: still held
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and client.settings()["1"]["owner"] != b.owner:
+            time.sleep(0.05)
+        loop.stop()
+        assert b.history and b.history[-1].acting
+        assert client.settings()["1"]["max_batch_size"] == 7
+    finally:
+        other.close()
+
+
+def test_runtime_refuses_a_second_controller_for_the_same_endpoint(server: Server, client) -> None:
+    rt = BatchControlRuntime()
+    other = OrtBatchingClient(server.base, MODEL)
+    try:
+        rt.add(ControlLoop(BatchController(StaticPolicy(BatchSetting(5, 100)), client, slo_latency=0.005)))
+        with pytest.raises(ValueError, match="one controller per endpoint"):
+            rt.add(ControlLoop(BatchController(StaticPolicy(BatchSetting(3, 100)), other, slo_latency=0.005)))
+        assert client.settings()["1"]["max_batch_size"] == 5
+    finally:
+        rt.stop()
+        other.close()
+
+
+def test_bad_parameters_are_named(server: Server, client) -> None:
+    with pytest.raises(ValueError, match=r"slo_latency: 7 ms is not a bucket bound .*5, 10"):
+        BatchController(StaticPolicy(BatchSetting(1, 0)), client, slo_latency=0.007)
+    with pytest.raises(ValueError, match="period"):
+        ControlLoop(BatchController(StaticPolicy(BatchSetting(1, 0)), client, slo_latency=0.005), period=0)
+    r = httpx.post(f"{server.base}/admin/models/{MODEL}/batching", json={"owner": "x", "lease_ms": -1}, timeout=5)
+    assert r.status_code == 400 and "lease_ms" in r.json()["error"]
