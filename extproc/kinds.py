@@ -22,6 +22,7 @@ pipeline's hooks use are exactly what Envoy is configured to send for the route.
 | rest | like llm, the body mapped by the route's mapping file both ways | adapter |
 | anthropic-messages | admit, body-limit, anthropic-messages, backend-dialect / anthropic-messages, token-budget, dispatch, backend-dialect / anthropic-messages (streamed) | anthropic |
 | openai-responses | admit, body-limit, openai-responses, backend-dialect / openai-responses, token-budget, dispatch, backend-dialect / openai-responses (streamed) | openai |
+| sql | admit, body-limit / sql-query, token-budget, dispatch / sql-query (the model's SQL checked and run) | adapter |
 | health | health / - / - | adapter |
 
 Why: one spec per kind instead of if-chains over five files (schema, compile, stages, cli); a
@@ -48,6 +49,7 @@ class KindSpec:
     needs_model: bool = False
     openapi: bool = False  # reads an OpenAPI document (required)
     mapping: bool = False  # may apply a field-mapping file
+    sql: bool = False  # reads a database (the route's `sql` block, required)
     doc: str = ""
 
 
@@ -130,6 +132,14 @@ def _openai_responses(route: Any) -> list[Any]:
     return [*_front(), openai_responses(), TokenBudgetAtBody(), DispatchAtBody(), BackendDialect()]
 
 
+def _sql(route: Any) -> list[Any]:
+    from extproc.stages.dispatch import DispatchAtBody
+    from extproc.stages.sql_query import SqlQuery
+    from extproc.stages.token_budget import TokenBudgetAtBody
+
+    return [*_front(), SqlQuery(), TokenBudgetAtBody(), DispatchAtBody()]
+
+
 def _health(route: Any) -> list[Any]:
     from extproc.stages.health import Health
 
@@ -155,6 +165,8 @@ def kind_specs() -> Mapping[str, KindSpec]:
                  prefix=False, doc="the Anthropic Messages API served on chat-completion backends"),  # pragma: no mutate
         KindSpec("openai-responses", _openai_responses, api="openai", dialect="openai", multi_target=True,
                  prefix=False, doc="the OpenAI Responses API served on chat-completion backends"),  # pragma: no mutate
+        KindSpec("sql", _sql, api="openai", prefix=False, templates=True, needs_model=True, sql=True,
+                 doc="questions answered by model-written SQL, checked and run read-only on a database"),  # pragma: no mutate
         KindSpec("health", _health, prefix=False, doc="the processor's health and protocol-negotiation probe"),
     )
     return MappingProxyType({s.name: s for s in specs})

@@ -150,6 +150,14 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             mapping = _load_mapping(r.mapping, base, issues)
             if mapping is None:
                 continue
+        sql = None
+        if ks.sql:
+            sql = _load_sql(r, base, issues, spec.processor.message_timeout)
+            if sql is None:
+                continue
+        elif r.sql is not None:
+            issue(base + ("sql",), "only sql routes (kind: sql) have a sql block")
+            continue
         if not ks.multi_target and len(resolved) > 1:
             issue(base + ("targets",), f"a {kind} route has one target")
             continue
@@ -178,7 +186,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             name=name, path=r.path, kind=kind, backend=backend, model=model, request=request,
             transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,
             max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
-            tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping,
+            tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping, sql=sql,
             backends=tuple(dict.fromkeys(resolved)), dialect=ks.dialect, picker=picker,
             structured_fallback=r.policy.structured_fallback,
             server_timing=r.server_timing,
@@ -1008,6 +1016,33 @@ def _load_tools(name: str | None, path: tuple, issues: "_Issues"):
         return None
     return toolset
 
+
+def _load_sql(r: Any, path: tuple, issues: "_Issues", message_timeout: float):
+    """A sql route's database introspected (extproc/semantic/sql.py); errors name `routes[i].sql.*`."""
+    from extproc.semantic.sql import SqlConfigError, compile_sql
+
+    if r.sql is None:
+        issues.add(path + ("sql",), "a sql route needs a `sql` block: at least `database` (a SQLite file or a "
+                   "postgresql:// URL)")
+        return None
+    if r.request or r.output_schema:
+        issues.add(path + ("request" if r.request else "outputSchema",), "a sql route builds the model's request "
+                   "from the database schema; only `transform` (over {sql, columns, rows, row_count, truncated, "
+                   "input}) applies")
+        return None
+    s = r.sql
+    if not 0 < s.timeout < message_timeout:
+        issues.add(path + ("sql", "timeout"), f"{s.timeout:g}s must be above 0 and below "
+                   f"spec.processor.messageTimeout ({message_timeout:g}s): Envoy waits that long for the rows")
+        return None
+    try:
+        return compile_sql(s.database, base=Path(issues.smap.filename).resolve().parent, tables=s.tables,
+                           schema_name=s.pg_schema, max_rows=s.max_rows, timeout=s.timeout,
+                           max_schema_bytes=s.max_schema_bytes, max_tokens=s.max_tokens,
+                           question_field=s.question_field)
+    except SqlConfigError as e:
+        issues.add(path + ("sql", "database"), str(e))
+        return None
 
 def _load_mapping(name: str, path: tuple, issues: "_Issues"):
     from extproc.semantic.mapping import MappingError, load_mapping

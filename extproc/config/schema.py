@@ -234,7 +234,20 @@ class RoutePolicy(_Model):
 
 
 RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",
-                    "openai-responses"]
+                    "openai-responses", "sql"]
+
+class SqlSpec(_Model):
+    """`routes[].sql`: the database a sql route's model writes queries for (docs/sql-adapter.md). Its
+    schema is introspected when the config is loaded (a schema change takes effect at the next reload)."""
+    # a SQLite file (`path`, `sqlite:path`; relative to this file's directory) or a postgresql:// URL
+    database: Annotated[str, Field(min_length=1)]
+    pg_schema: Annotated[str, Field(min_length=1)] = "public"  # PostgreSQL: the schema whose tables are used
+    tables: tuple[Annotated[str, Field(min_length=1)], ...] = ()  # only these (default: every table and view)
+    max_rows: Annotated[int, Field(ge=1, le=10000)] = 100  # the LIMIT the gateway enforces
+    timeout: Duration = 0.5  # statement timeout; below spec.processor.messageTimeout
+    max_schema_bytes: Annotated[Size, Field(ge=256)] = 8192  # the schema text given to the model, at most
+    max_tokens: Annotated[int, Field(ge=16)] = 512  # the model's answer (the SQL), at most
+    question_field: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "question"  # the body's field
 
 
 class ServerTimingSpec(_Model):
@@ -282,6 +295,7 @@ class RouteSpec(_Model):
     output_schema: dict[str, Any] | None = None  # JSON Schema asked of the model; default: derived from transform
     openapi: str | None = None  # tool routes: the service's OpenAPI document (path relative to this file)
     mapping: str | None = None  # rest routes: a field-mapping file from `adapterctl align` (relative path)
+    sql: SqlSpec | None = None  # sql routes: the database the model writes SQL for
     plugins: tuple[Annotated[str, Field(pattern=DNS_LABEL)], ...] = ()  # names from spec.plugins, by slot
     policy: RoutePolicy = RoutePolicy()
     # an adapter bundle (spec.bundles) whose part for this route replaces request, transform and

@@ -204,6 +204,7 @@ class Route:
     tenant_header: str | None = None  # a client header this route trusts as the tenant id
     tools: Any = None  # tool routes: extproc.semantic.tools.ToolSet
     mapping: Any = None  # rest routes: extproc.semantic.mapping.CompiledMapping
+    sql: Any = None  # sql routes: extproc.semantic.sql.SqlConfig (the schema read at load)
     backends: tuple[Backend, ...] = ()  # every target; backend is backends[0]
     dialect: str = "adapter"  # how errors are rendered (extproc/errors.py), from the route kind
     # the dispatch slot's scheduler: a picker that picks alone, or a scheduling profile (None: Envoy balances)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import typing
 
 import pytest
@@ -40,6 +41,7 @@ spec:
     - {path: /orders, name: rest, kind: rest, target: svc, mapping: orders-mapping.yaml}
     - {path: /v1/messages, name: anthropic-messages, kind: anthropic-messages, target: llm}
     - {path: /v1/responses, name: openai-responses, kind: openai-responses, target: llm}
+    - {path: /ask, name: sql, kind: sql, target: llm, sql: {database: shop.db}}
 """
 
 # The table in extproc/kinds.py's docstring, stage by stage and phase by phase.
@@ -66,12 +68,15 @@ STAGES = {
     "openai-responses": {RH: ["admit", "body-limit", "openai-responses", "backend-dialect"],
                          RB: ["openai-responses", "token-budget", "dispatch", "backend-dialect"],
                          PH: ["openai-responses"], PB: ["openai-responses"]},
+    "sql": {RH: ["admit", "body-limit"], RB: ["sql-query", "token-budget", "dispatch"], PH: ["sql-query"],
+            PB: ["sql-query"]},
 }
 DIALECT = {"llm": "adapter", "passthrough": "adapter", "openai": "openai", "kserve": "kserve", "tensor": "adapter",
            "tool": "tool", "rest": "adapter", "health": "adapter", "anthropic-messages": "anthropic",
-           "openai-responses": "openai"}
+           "openai-responses": "openai", "sql": "adapter"}
 # What Envoy is told per kind (ExtProcPerRoute processing_mode): the round trips a request costs.
 MODES = {
+    "sql": ("SEND", "SEND", "BUFFERED", "BUFFERED"),  # the model's answer replaced by the rows
     "llm": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
     "passthrough": ("SEND", "SKIP", "NONE", "NONE"),
     "openai": ("SEND", "SKIP", "BUFFERED", "STREAMED"),
@@ -91,6 +96,7 @@ def snap(tmp_path_factory):
     d = tmp_path_factory.mktemp("kinds")
     shutil.copy(DATA / "openapi" / "petstore.yaml", d / "pets.yaml")
     shutil.copy(DATA / "contract" / "rest-mapping.yaml", d / "orders-mapping.yaml")
+    sqlite3.connect(d / "shop.db").executescript("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL);")
     cfg = d / "gateway.yaml"
     cfg.write_text(CONFIG)
     return load_text(CONFIG, str(cfg))
@@ -103,7 +109,7 @@ def route_of(snap, kind: str):
 def test_every_route_kind_has_a_spec_and_every_spec_a_kind():
     literals = set(typing.get_args(RouteKind))
     assert literals == {"llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",
-                        "openai-responses"}
+                        "openai-responses", "sql"}
     assert set(kind_specs()) == literals | {"health"}
     # the schema's field uses that literal (a kind added to one and not the other is caught here)
     assert typing.get_args(RouteSpec.model_fields["kind"].annotation)[0] is RouteKind
@@ -160,15 +166,15 @@ def test_dialect_per_kind(snap, kind):
 def test_kind_properties():
     ks = kind_specs()
     assert {k for k, s in ks.items() if s.multi_target} == {"openai", "kserve", "anthropic-messages", "openai-responses"}
-    assert {k for k, s in ks.items() if s.needs_model} == {"llm", "tensor"}
+    assert {k for k, s in ks.items() if s.needs_model} == {"llm", "tensor", "sql"}
     assert {k for k, s in ks.items() if not s.prefix} == {"llm", "tensor", "health", "anthropic-messages",
-                                                          "openai-responses"}
-    assert {k for k, s in ks.items() if s.templates} == {"llm", "tensor", "tool", "rest"}
+                                                          "openai-responses", "sql"}
+    assert {k for k, s in ks.items() if s.templates} == {"llm", "tensor", "tool", "rest", "sql"}
     assert {k for k, s in ks.items() if s.openapi} == {"tool"}
     assert {k for k, s in ks.items() if s.mapping} == {"rest"}
     assert {k: s.api for k, s in ks.items()} == {
         "llm": "openai", "passthrough": None, "openai": "openai", "kserve": "kserve", "tensor": "kserve",
-        "tool": "rest", "rest": "rest", "health": None, "anthropic-messages": "openai", "openai-responses": "openai"}
+        "tool": "rest", "rest": "rest", "health": None, "anthropic-messages": "openai", "openai-responses": "openai", "sql": "openai"}
 
 
 def test_default_kind_is_llm_with_templates_and_passthrough_without():
