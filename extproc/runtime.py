@@ -22,6 +22,7 @@ the service's `RequestObserver`, buffered) and the worker's start time. Stages r
 | scheduling profiles | `Runtime._profiles` | worker lifetime, rebound on reload | no |
 | caches (model metadata, tenant snapshot reader) | `Runtime.cache(name)` | worker lifetime | no |
 | engine metrics per endpoint (queue, KV, LoRA; age) | `Runtime.signals` (`extproc/scheduling/signals.py`, a `MetricsScraper`) | worker lifetime; endpoints re-chosen on every install | no: each worker scrapes on its own |
+| concurrency limits and gateway queues per backend pool (`spec.qos.admission`) | `Runtime.admission` (`extproc/qos/queue.py`; slots in `<state_dir>/admission/`) | worker lifetime; pools still listed keep limit, queue and slots across reloads | the in-flight count yes (every worker's slot file summed); limit and queue per worker |
 | tracer provider (`spec.tracing`: OTLP export thread) | `Runtime.tracing` (`extproc/tracing.py`; None when off) | while the spec is unchanged; replaced or dropped by an install | no: each worker exports its own spans |
 
 Engine signals: `signals` is the worker's one scraper. `install` sets its endpoints to
@@ -49,6 +50,7 @@ from extproc.config.snapshot import ProfileRef
 from extproc.datalayer.inflight import InflightTable
 from extproc.lifecycle import Lifecycle
 from extproc.qos.engine import QosRuntime, qos_of
+from extproc.qos.queue import Admission, admission_of
 from extproc.requestlog import RequestLog
 from extproc.scheduling.signals import EngineSignals, scrape_targets
 from extproc.stages.dispatch import release
@@ -83,6 +85,9 @@ class Runtime:
         self._signals_started = False
         # extproc/qos/engine.py: SLO windows, the priority matrix and glitch breakers (spec.qos; idle without it)
         self.qos = QosRuntime(worker, state_dir)
+        # extproc/qos/queue.py: per backend pool, the adaptive concurrency limit and the gateway queue
+        # (spec.qos.admission; no pool, no state); slots counted gateway-wide in <state_dir>/admission/
+        self.admission = Admission(worker, state_dir)
         # extproc/tracing.py: the worker's tracer provider for the installed snapshot's spec.tracing;
         # None when tracing is off (streams check it once: no span, no OpenTelemetry import)
         self.tracing: Any = None
@@ -128,6 +133,7 @@ class Runtime:
             else:
                 prof.configure(prof.ref, pref)
         self.qos.configure(qos_of(snapshot))
+        self.admission.configure(admission_of(snapshot))
         self.installed = snapshot
         self.scrape_targets = scrape_targets(snapshot)
         spec = getattr(snapshot, "spec", None)

@@ -98,7 +98,10 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
     if qos is not None:  # every inference route's pipeline gets the QoS stages (docs/qos.md)
         from functools import partial
 
-        build_pipeline = partial(build_pipeline, qos=qos)
+        from extproc.qos.queue import compile_admission
+
+        admission = compile_admission(spec.qos, backends, spec.processor.message_timeout, qos, issue)
+        build_pipeline = partial(build_pipeline, qos=qos, admission=admission)
     default_model = model_name(spec.model_ref)
     routes: dict[str, Route] = {}
     paths: dict[tuple[str, str], int] = {}

@@ -709,6 +709,7 @@ class QosTenantSpec(_Model):
     tenant: Annotated[str, Field(min_length=1)]
     priority_class: Annotated[str, Field(min_length=1)] | None = None
     glitch_threshold: Duration | None = None
+    weight: Annotated[float, Field(gt=0, le=1000)] | None = None  # fair share in a pool's queue (default 1)
 
 
 class QosMatrixSpec(_Model):
@@ -736,6 +737,30 @@ class QosBreakerSpec(_Model):
     retry_after: Annotated[int, Field(ge=1, le=3600)] = 1
 
 
+class QosAdmissionSpec(_Model):
+    """A backend pool's adaptive concurrency limit (TTFT gradient, extproc/qos/limiter.py) and gateway
+    queue (extproc/qos/queue.py, docs/qos.md): requests over the limit wait, by priority class, tenant
+    fair share and deadline, at most `maxWait` (below spec.processor.messageTimeout; default 80 % of
+    it), `maxQueue` requests and `maxQueueBytes` of bodies; `sheddable` classes (default the last) get
+    429 with `Retry-After: retryAfter`, the others 503. `enabled: false` keeps the entry but turns it off."""
+    backend: Annotated[str, Field(min_length=1)]
+    enabled: bool = True
+    initial_limit: Annotated[int, Field(ge=1, le=100000)] = 8
+    min_limit: Annotated[int, Field(ge=1, le=100000)] = 1
+    max_limit: Annotated[int, Field(ge=1, le=100000)] = 256
+    tolerance: Annotated[float, Field(ge=1.0, le=10.0)] = 1.25
+    smoothing: Annotated[float, Field(gt=0, le=1.0)] = 0.2
+    samples: Annotated[int, Field(ge=1, le=10000)] = 8
+    min_rtt_window: Duration = 30.0
+    max_queue: Annotated[int, Field(ge=0, le=1000000)] = 256
+    max_queue_bytes: Size = 16 * 1024 * 1024
+    max_wait: Duration | None = None
+    sheddable: tuple[Annotated[str, Field(min_length=1)], ...] | None = None
+    retry_after: Annotated[int, Field(ge=1, le=3600)] = 1
+    poll: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=1.0)] = 0.005
+    fairness_window: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)] = 1.0
+
+
 class QosSpec(_Model):
     """SLO-driven QoS (docs/qos.md): priority classes, SLOs and their attainment per window, the
     priority matrix, the glitch breaker. Absent: no route pays anything for it."""
@@ -751,6 +776,7 @@ class QosSpec(_Model):
     tenants: tuple[QosTenantSpec, ...] = ()
     matrix: QosMatrixSpec = QosMatrixSpec()
     breaker: QosBreakerSpec = QosBreakerSpec()
+    admission: tuple[QosAdmissionSpec, ...] = ()  # pools with a concurrency limit and a gateway queue
 
 
 class GatewaySpec(_Model):

@@ -8,9 +8,11 @@ from typing import Any
 from extproc.pipeline import Pipeline
 
 
-def build_pipeline(route: Any, qos: Any = None) -> Pipeline:
+def build_pipeline(route: Any, qos: Any = None, admission: Any = None) -> Pipeline:
     """The route kind's stages; with `spec.qos` (`qos`: extproc.qos.engine.QosConfig) every inference
-    route also runs `qos-admit` right after `admit` and `qos-engine` last (docs/qos.md)."""
+    route also runs `qos-admit` right after `admit` and `qos-engine` last (docs/qos.md); with
+    `spec.qos.admission` (`admission`: extproc.qos.queue.AdmissionConfig) a route targeting a listed pool
+    runs `qos-queue` right before each of its `dispatch` stages, in the same phase."""
     from extproc.kinds import kind_specs
 
     spec = kind_specs().get(route.kind)
@@ -23,4 +25,16 @@ def build_pipeline(route: Any, qos: Any = None) -> Pipeline:
 
         at = next((i + 1 for i, s in enumerate(stages) if getattr(s, "name", None) == "admit"), 0)
         stages = [*stages[:at], QosAdmit(qos), *stages[at:], QosEngine(qos)]
+        if admission is not None and any(b.name in admission.pools for b in route.backends):
+            from extproc.stages.dispatch import DispatchAtBody, DispatchAtHeaders
+            from extproc.stages.qos_queue import QosQueueAtBody, QosQueueAtHeaders
+
+            queued = []
+            for s in stages:
+                if isinstance(s, DispatchAtHeaders):
+                    queued.append(QosQueueAtHeaders(admission, qos.default, s.only_without_body))
+                elif isinstance(s, DispatchAtBody):
+                    queued.append(QosQueueAtBody(admission, qos.default))
+                queued.append(s)
+            stages = queued
     return Pipeline(stages)

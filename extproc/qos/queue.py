@@ -1,0 +1,568 @@
+"""Admission and queueing per backend pool: the gateway-side queue, ordered by priority class, then tenant
+fairness, then deadline (EDF), in front of the pool's adaptive concurrency limit.
+
+What: `compile_admission` validates `spec.qos.admission` (pools, bounds, sheddable classes) into an
+immutable `AdmissionConfig`; `Admission` is the worker's long-lived state (`Runtime.admission`,
+reconfigured on every reload, pools whose backend is still listed keep their limit, queue and slots).
+A request to a pool with admission (stage `qos-queue`, right before `dispatch`) is admitted at once
+when nothing waits and the pool's in-flight count is below its limit (`extproc/qos/limiter.py`);
+otherwise it waits in the pool's queue: the ext_proc stream simply does not answer yet (the stage's
+coroutine awaits a future; Envoy waits up to `spec.processor.messageTimeout` for the reply, so
+`maxWait` must be below it). Order of admission out of the queue:
+    1. priority class (`state.attrs["qos.class"]`, `extproc/qos/priority.py`): a more urgent class first;
+    2. within a class, tenants by token-weighted fair share (`extproc/qos/fairness.py`);
+    3. within a tenant, earliest deadline first: deadline = arrival + the smallest `ttft` of the SLOs the
+       request falls under (`spec.qos.slos`), else arrival + the route's timeout; ties in arrival order.
+(llm-d flow control's shape: band, then fairness between flows, then the flow's ordering policy.)
+Bounds: `maxQueue` requests and `maxQueueBytes` of request bodies per pool and worker, `maxWait` per
+request. Refusals, in the route's error dialect, with `Retry-After: retryAfter`:
+    a sheddable class (`sheddable`, default the last class, P2): 429 `overloaded` when the queue is full,
+    when its estimated wait (requests of its class or more urgent ahead of it + 1, times the pool's mean
+    slot time, over the limit) is over `maxWait`, or when it waited `maxWait`;
+    other classes: 503 `queue_full` / `queue_timeout` (nothing can serve them in time).
+Slots are released exactly once: at the request's `on_done` (`release`), or at once when a stream that
+was admitted is cancelled before dispatch; a request cancelled while it waits leaves the queue (its
+bytes and place with it). After a release, and every `poll` while requests wait, the queue admits
+from its head while there is room.
+Workers: the pool's in-flight count is gateway-wide: each worker counts its admitted requests in its
+own slot file (`extproc/datalayer/inflight.InflightTable` in `<stateDir>/admission/`, key "pool:<name>";
+a restarted worker's file starts at zero, so a killed worker leaks nothing) and admission compares the
+sum over every worker to the limit. N workers therefore do not admit N x the limit; between one worker's
+read and its write another may read too, so the pool may briefly exceed the limit by at most N - 1.
+Each worker learns the limit from the TTFTs it sees (the same backend: the workers' limits agree up
+to sampling noise) and keeps its own queue: order and fairness hold among the requests a worker holds
+(Envoy spreads requests over workers); waiting requests of one worker see slots freed by another
+within `poll`.
+Metrics: adapter_qos_admission_limit{pool} (per worker), adapter_qos_admission_inflight{pool} (gateway-
+wide, as last read), adapter_qos_queue_depth{pool,class} (summed over workers),
+adapter_qos_queue_requests_total{pool,class,result} (result: admitted, queued, shed, full, timeout,
+cancelled), adapter_qos_queue_wait_seconds{pool,class}, adapter_qos_fairness_jain{pool,class} (Jain's
+index of the weighted tokens admitted per waiting tenant, per `fairnessWindow`; min over workers).
+Off switch: pools not listed, or `enabled: false`, have no stage and no state (perf/bench_qos.py can
+write the same config with and without `admission`).
+Cost: routes without a pool: no stage. Admitted at once: a dict lookup, a read of every worker's slot
+for the pool (about 0.5 us each), a write, two metric updates. Queued: a heap push and pop, a future,
+a timer every `poll` while anything waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from extproc.datalayer.inflight import InflightTable
+from extproc.errors import reject
+from extproc.qos.fairness import FairShare, JainWindow
+from extproc.qos.limiter import GradientLimiter, LimiterParams
+from extproc.types import Reject
+
+log = logging.getLogger(__name__)
+
+SLOT_ATTR = "qos.slot"  # state.attrs: the Slot a request holds until it ends
+DEFAULT_COMPLETION_TOKENS = 256  # the estimate's output part when a request names no max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    pool: str
+    limiter: LimiterParams
+    max_queue: int
+    max_queue_bytes: int
+    max_wait: float
+    sheddable: frozenset[str]
+    retry_after: int
+    poll: float
+    fairness_window: float
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    pools: Mapping[str, PoolConfig]
+    weights: Mapping[str, float]  # tenant -> fair-share weight (default 1)
+    slo_ttft: tuple[tuple[Any, float], ...]  # (Slo, ttft seconds) of SLOs with a TTFT objective
+
+
+def compile_admission(spec: Any, backends: Mapping[str, Any], message_timeout: float, qos: Any,
+                      issue: Callable[[tuple, str], None]) -> AdmissionConfig | None:
+    """`spec` is schema.QosSpec (None, or no enabled pool: no admission); `qos` the compiled QosConfig."""
+    if spec is None or qos is None or not spec.admission:
+        return None
+    base = ("spec", "qos", "admission")
+    names = ", ".join(qos.classes)
+    pools: dict[str, PoolConfig] = {}
+    for i, a in enumerate(spec.admission):
+        where = base + (i,)
+        if a.backend not in backends:
+            issue(where + ("backend",), f"unknown backend {a.backend!r} (backends: {', '.join(backends)})")
+        if a.backend in pools:
+            issue(where + ("backend",), f"backend {a.backend!r} is listed twice")
+        if not a.min_limit <= a.initial_limit <= a.max_limit:
+            issue(where + ("initialLimit",), f"need minLimit ({a.min_limit}) <= initialLimit ({a.initial_limit}) "
+                  f"<= maxLimit ({a.max_limit})")
+        wait = a.max_wait if a.max_wait is not None else 0.8 * message_timeout
+        if wait <= 0 or wait >= message_timeout:
+            issue(where + ("maxWait",), f"maxWait ({wait:g}s) must be above 0 and below "
+                  f"spec.processor.messageTimeout ({message_timeout:g}s): Envoy fails a request whose processor "
+                  "reply takes longer, and a queued request's reply waits for its admission")
+        shed = a.sheddable if a.sheddable is not None else (qos.last.name,)
+        for j, c in enumerate(shed):
+            if c not in qos.classes:
+                issue(where + ("sheddable", j), f"unknown priority class {c!r} (classes: {names})")
+        if not a.enabled:
+            continue
+        pools[a.backend] = PoolConfig(
+            a.backend, LimiterParams(a.initial_limit, a.min_limit, a.max_limit, a.tolerance, a.smoothing, a.samples,
+                                     a.min_rtt_window),
+            a.max_queue, a.max_queue_bytes, wait, frozenset(shed), a.retry_after, a.poll, a.fairness_window)
+    if not pools:
+        return None
+    weights = {t.tenant: t.weight for t in spec.tenants if t.weight is not None}
+    return AdmissionConfig(MappingProxyType(pools), MappingProxyType(weights),
+                           tuple((s, s.ttft) for s in qos.slos if s.ttft is not None))
+
+
+def admission_of(snapshot: Any) -> AdmissionConfig | None:
+    """The AdmissionConfig a snapshot's `qos-queue` stages carry, or None."""
+    for route in getattr(snapshot, "routes", {}).values():
+        for stage in getattr(route.pipeline, "stages", ()):
+            cfg = getattr(stage, "admission", None)
+            if isinstance(cfg, AdmissionConfig):
+                return cfg
+    return None
+
+
+# --- the queue ------------------------------------------------------------------------------------
+
+
+class Waiter:
+    __slots__ = ("state", "rank", "cls", "tenant", "deadline", "tokens", "weight", "size", "seq", "fut",
+                 "enqueued", "live", "admitted")
+
+    def __init__(self, state: Any, rank: int, cls: str, tenant: str | None, deadline: float, tokens: float,
+                 weight: float, size: int, seq: int, enqueued: float, fut: Any = None):
+        self.state = state
+        self.rank = rank
+        self.cls = cls
+        self.tenant = tenant
+        self.deadline = deadline
+        self.tokens = tokens
+        self.weight = weight
+        self.size = size
+        self.seq = seq
+        self.fut = fut
+        self.enqueued = enqueued
+        self.live = True  # in the queue
+        self.admitted = False
+
+
+class _Band:
+    __slots__ = ("name", "flows", "fair", "count", "jain")
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # the class
+        self.flows: dict[str | None, list] = {}  # tenant -> heap of (deadline, seq, Waiter)
+        self.fair = FairShare()
+        self.count = 0
+        self.jain = JainWindow()
+
+
+class AdmissionQueue:
+    """Waiting requests of one pool: class bands (by rank), tenant flows, each flow a deadline heap."""
+
+    def __init__(self) -> None:
+        self.bands: dict[int, _Band] = {}
+        self.count = 0
+        self.bytes = 0
+
+    def push(self, w: Waiter) -> None:
+        band = self.bands.get(w.rank)
+        if band is None:
+            band = self.bands[w.rank] = _Band(w.cls)
+        heapq.heappush(band.flows.setdefault(w.tenant, []), (w.deadline, w.seq, w))
+        band.count += 1
+        band.jain.waiting(w.tenant)
+        self.count += 1
+        self.bytes += w.size
+
+    def remove(self, w: Waiter) -> None:
+        """Take `w` out (lazily: its heap entry is skipped when it reaches the head)."""
+        if not w.live:
+            return
+        w.live = False
+        self.bands[w.rank].count -= 1
+        self.count -= 1
+        self.bytes -= w.size
+
+    def ahead(self, rank: int) -> int:
+        """Requests that would be admitted before a new one of class `rank` (its class and more urgent)."""
+        return sum(b.count for r, b in self.bands.items() if r <= rank)
+
+    def depth(self, rank: int) -> int:
+        b = self.bands.get(rank)
+        return b.count if b is not None else 0
+
+    def peek_band(self) -> _Band | None:
+        for rank in sorted(self.bands):
+            if self.bands[rank].count:
+                return self.bands[rank]
+        return None
+
+    def pop(self) -> Waiter | None:
+        """The next request to admit (see the module docstring's order), out of the queue."""
+        band = self.peek_band()
+        if band is None:
+            return None
+        best = None
+        best_key = None
+        for tenant, heap in list(band.flows.items()):
+            while heap and not heap[0][2].live:
+                heapq.heappop(heap)
+            if not heap:
+                del band.flows[tenant]
+                continue
+            k = (band.fair.key(tenant), heap[0][2].enqueued, heap[0][1])
+            if best_key is None or k < best_key:
+                best, best_key = tenant, k
+        if best is None:
+            return None
+        _, _, w = heapq.heappop(band.flows[best])
+        band.fair.charge(best, w.tokens, w.weight)
+        band.jain.admitted(best, w.tokens, w.weight)
+        self.remove(w)
+        return w
+
+
+# --- per-pool admission ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Slot:
+    pool: "PoolAdmission"
+    admitted: float
+    inflight: int  # the pool's in-flight count when it was admitted (the limiter's app-limited test)
+
+
+class PoolAdmission:
+    """One pool's limiter, queue and slot counter in one worker."""
+
+    def __init__(self, cfg: PoolConfig, table: InflightTable, clock: Callable[[], float], metrics: Any):
+        self.cfg = cfg
+        self.table = table
+        self.key = f"pool:{cfg.pool}"
+        self.clock = clock
+        self.limiter = GradientLimiter(cfg.limiter, clock)
+        self.queue = AdmissionQueue()
+        self.metrics = metrics
+        self.hold = 0.0  # EMA of a slot's time held (seconds): the wait estimate's service time
+        self._timer: Any = None
+        self._seq = itertools.count()
+        self._window: int | None = None
+        self.own = 0  # slots this worker holds
+
+    def configure(self, cfg: PoolConfig) -> None:
+        self.cfg = cfg
+        self.limiter.configure(cfg.limiter)
+
+    def inflight(self) -> int:
+        return self.table.get(self.key)
+
+    def room(self) -> tuple[bool, int]:
+        n = self.table.get(self.key)
+        return n < self.limiter.limit, n
+
+    def take(self, state: Any, now: float, inflight: int) -> None:
+        self.table.started(self.key)
+        self.own += 1
+        state.attrs[SLOT_ATTR] = Slot(self, now, inflight + 1)
+
+    def release(self, state: Any, first_token: float | None) -> None:
+        slot = state.attrs.pop(SLOT_ATTR, None)
+        if slot is None or slot.pool is not self:
+            if slot is not None:
+                slot.pool.release_slot(slot, state, first_token)
+            return
+        self.release_slot(slot, state, first_token)
+
+    def release_slot(self, slot: Slot, state: Any, first_token: float | None) -> None:
+        self.table.finished(self.key)
+        self.own -= 1
+        now = self.clock()
+        held = max(0.0, now - slot.admitted)
+        self.hold = held if self.hold == 0.0 else self.hold + 0.2 * (held - self.hold)
+        if first_token is not None and first_token >= slot.admitted:
+            if self.limiter.sample(first_token - slot.admitted, slot.inflight) and self.metrics is not None:
+                self.metrics.limit(self.cfg.pool).set(self.limiter.limit)
+        self.drain()
+
+    def estimate_wait(self, ahead: int) -> float | None:
+        """Seconds until a request with `ahead` requests before it is admitted: ahead x mean slot time /
+        limit (None before any slot was released: nothing to estimate from)."""
+        if self.hold <= 0:
+            return None
+        return ahead * self.hold / max(1, self.limiter.limit)
+
+    def drain(self) -> None:
+        """Admit from the queue's head while there is room."""
+        q = self.queue
+        while q.count:
+            ok, n = self.room()
+            if not ok:
+                break
+            w = q.pop()
+            if w is None:
+                break
+            if w.fut is None or w.fut.done():  # timed out or cancelled at the same instant
+                if self.metrics is not None:
+                    self.metrics.depth(self.cfg.pool, w.cls).dec()
+                continue
+            now = self.clock()
+            self.take(w.state, now, n)
+            w.admitted = True
+            w.fut.set_result(True)
+            if self.metrics is not None:
+                self.metrics.wait(self.cfg.pool, w.cls).observe(now - w.enqueued)
+                self.metrics.depth(self.cfg.pool, w.cls).dec()
+        self._fairness(self.clock())
+
+    def _fairness(self, now: float) -> None:
+        index = int(now // self.cfg.fairness_window)
+        if self._window is None:
+            self._window = index
+            return
+        if index == self._window:
+            return
+        self._window = index
+        for band in self.queue.bands.values():
+            value = band.jain.close()
+            if value is not None and self.metrics is not None:
+                self.metrics.jain(self.cfg.pool, band.name).set(value)
+
+    def expire(self, w: Waiter) -> None:
+        """`w` waited `maxWait`: out of the queue, refused by its coroutine."""
+        if w.live and not w.fut.done():
+            self.queue.remove(w)
+            if self.metrics is not None:
+                self.metrics.depth(self.cfg.pool, w.cls).dec()
+            w.fut.set_result(False)
+
+    def schedule(self) -> None:
+        if self._timer is None and self.queue.count:
+            self._timer = asyncio.get_running_loop().call_later(self.cfg.poll, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.drain()
+        self.schedule()
+
+    def close(self) -> None:
+        """The pool left the config: admit everything waiting (it runs without a limit from now on)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self.queue.count:
+            w = self.queue.pop()
+            if w is not None and self.metrics is not None:
+                self.metrics.depth(self.cfg.pool, w.cls).dec()
+            if w is not None and w.fut is not None and not w.fut.done():
+                self.take(w.state, self.clock(), 0)
+                w.admitted = True
+                w.fut.set_result(True)
+
+
+class AdmissionMetrics:
+    def __init__(self, registry: Any = None):
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+        reg = registry if registry is not None else REGISTRY
+
+        def make(kind: Any, name: str, *args: Any, **kw: Any) -> Any:
+            try:
+                return kind(name, *args, registry=reg, **kw)
+            except ValueError:  # already registered (a second runtime in one process: tests)
+                return reg._names_to_collectors[name if kind is not Counter else name + "_total"]
+
+        ns = "adapter_qos"
+        self._limit = make(Gauge, f"{ns}_admission_limit", "the pool's adaptive concurrency limit (this worker)",
+                           ["pool"], multiprocess_mode="all")
+        self._inflight = make(Gauge, f"{ns}_admission_inflight", "requests admitted to the pool and not ended, "
+                              "over every worker (as last read)", ["pool"], multiprocess_mode="max")
+        self._depth = make(Gauge, f"{ns}_queue_depth", "requests waiting in the pool's gateway queue",
+                           ["pool", "class"], multiprocess_mode="livesum")
+        self._requests = make(Counter, f"{ns}_queue_requests", "admission decisions", ["pool", "class", "result"])
+        self._wait = make(Histogram, f"{ns}_queue_wait_seconds", "time a request waited in the gateway queue",
+                          ["pool", "class"], buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+        self._jain = make(Gauge, f"{ns}_fairness_jain", "Jain's index of the weighted tokens admitted per waiting "
+                          "tenant over the last fairness window", ["pool", "class"], multiprocess_mode="min")
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric),) + labels
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
+    def limit(self, pool: str) -> Any:
+        return self._child(self._limit, pool)
+
+    def inflight(self, pool: str) -> Any:
+        return self._child(self._inflight, pool)
+
+    def depth(self, pool: str, cls: str) -> Any:
+        return self._child(self._depth, pool, cls)
+
+    def requests(self, pool: str, cls: str, result: str) -> Any:
+        return self._child(self._requests, pool, cls, result)
+
+    def wait(self, pool: str, cls: str) -> Any:
+        return self._child(self._wait, pool, cls)
+
+    def jain(self, pool: str, cls: str) -> Any:
+        return self._child(self._jain, pool, cls)
+
+
+class Admission:
+    """The worker's admission state (`Runtime.admission`): one PoolAdmission per pool with admission."""
+
+    def __init__(self, worker: int = 0, state_dir: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 registry: Any = None):
+        self.worker = worker
+        self.state_dir = state_dir
+        self.clock = clock
+        self.cfg: AdmissionConfig | None = None
+        self.pools: dict[str, PoolAdmission] = {}
+        self._table: InflightTable | None = None
+        self._registry = registry
+        self._metrics: AdmissionMetrics | None = None
+
+    @property
+    def metrics(self) -> AdmissionMetrics:
+        if self._metrics is None:
+            self._metrics = AdmissionMetrics(self._registry)
+        return self._metrics
+
+    def table(self) -> InflightTable:
+        if self._table is None:
+            self._table = InflightTable(Path(self.state_dir) / "admission" if self.state_dir else None, self.worker)
+        return self._table
+
+    def configure(self, cfg: AdmissionConfig | None) -> None:
+        self.cfg = cfg
+        wanted = cfg.pools if cfg is not None else {}
+        for name in list(self.pools):
+            if name not in wanted:
+                self.pools.pop(name).close()
+        for name, pc in wanted.items():
+            p = self.pools.get(name)
+            if p is None:
+                p = self.pools[name] = PoolAdmission(pc, self.table(), self.clock, self.metrics)
+                self.metrics.limit(name).set(p.limiter.limit)
+            else:
+                p.configure(pc)
+
+    def deadline(self, arrival: float, route: Any, tenant: str | None, cls: str) -> float:
+        """arrival + the smallest TTFT objective of the SLOs the request falls under, else + the route's timeout."""
+        cfg = self.cfg
+        name = route.name if route is not None else None
+        best = math.inf
+        if cfg is not None:
+            for slo, ttft in cfg.slo_ttft:
+                if ttft < best and slo.selects(name, tenant, cls):
+                    best = ttft
+        if best == math.inf:
+            timeout = getattr(route, "timeout", None)
+            best = timeout if timeout else math.inf
+        return arrival + best
+
+    async def acquire(self, pool: PoolAdmission, state: Any, cls: Any, tokens: float, size: int) -> Reject | None:
+        """Admit `state` to `pool` (None), possibly after waiting in its queue, or refuse it."""
+        cfg = pool.cfg
+        m = self.metrics
+        name = cls.name
+        q = pool.queue
+        now = self.clock()
+        if not q.count:
+            ok, n = pool.room()
+            if ok:
+                pool.take(state, now, n)
+                m.requests(cfg.pool, name, "admitted").inc()
+                return None
+        m.inflight(cfg.pool).set(pool.inflight())
+        if q.count >= cfg.max_queue or q.bytes + size > cfg.max_queue_bytes:
+            return self._refuse(pool, cls, "full", f"the gateway queue of backend {cfg.pool} is full "
+                                f"({q.count} requests, {q.bytes} bytes waiting; limit {cfg.max_queue} requests, "
+                                f"{cfg.max_queue_bytes} bytes)")
+        shed = name in cfg.sheddable
+        if shed:
+            est = pool.estimate_wait(q.ahead(cls.rank) + 1)
+            if est is not None and est > cfg.max_wait:
+                return self._refuse(pool, cls, "shed", f"backend {cfg.pool} is at its concurrency limit "
+                                    f"({pool.limiter.limit}); the estimated wait ({est:.3f}s) is over the queue's "
+                                    f"bound ({cfg.max_wait:g}s) for class {name}")
+        tenant = state.tenant
+        weight = self.cfg.weights.get(tenant, 1.0) if self.cfg is not None and tenant is not None else 1.0
+        w = Waiter(state, cls.rank, name, tenant, self.deadline(state.started, state.route, tenant, name), tokens,
+                   weight, size, next(pool._seq), now, asyncio.get_running_loop().create_future())
+        q.push(w)
+        m.requests(cfg.pool, name, "queued").inc()
+        m.depth(cfg.pool, name).inc()
+        pool.schedule()
+        timer = asyncio.get_running_loop().call_later(cfg.max_wait, pool.expire, w)
+        try:
+            ok = await w.fut
+        except asyncio.CancelledError:
+            timer.cancel()
+            if w.live:
+                q.remove(w)
+                m.depth(cfg.pool, name).dec()
+            elif w.admitted:  # admitted, never dispatched: give the slot back now
+                pool.release(state, None)
+            m.requests(cfg.pool, name, "cancelled").inc()
+            raise
+        timer.cancel()
+        if not ok:
+            return self._refuse(pool, cls, "timeout", f"waited {cfg.max_wait:g}s in the gateway queue of backend "
+                                f"{cfg.pool} (concurrency limit {pool.limiter.limit}) without a slot")
+        return None
+
+    def _refuse(self, pool: PoolAdmission, cls: Any, result: str, why: str) -> Reject:
+        cfg = pool.cfg
+        self.metrics.requests(cfg.pool, cls.name, result).inc()
+        if cls.name in cfg.sheddable:
+            return reject(429, "overloaded", f"{why}; retry later", retry_after=cfg.retry_after,
+                          backend=cfg.pool, priority_class=cls.name)
+        return reject(503, "queue_timeout" if result == "timeout" else "queue_full", why,
+                      retry_after=cfg.retry_after, backend=cfg.pool, priority_class=cls.name)
+
+    def release(self, state: Any) -> None:
+        slot = state.attrs.get(SLOT_ATTR)
+        if slot is None:
+            return
+        first = state.first_body
+        req = state.request
+        # TTFT from the stream only for streamed answers (an unstreamed body comes whole at the end)
+        slot.pool.release(state, first if first is not None and req is not None and req.stream else None)
+
+
+def estimate_tokens(request: Any) -> int:
+    """prompt characters / 4 + max_tokens (else DEFAULT_COMPLETION_TOKENS); 1 without a parsed request."""
+    if request is None:
+        return 1
+    try:
+        prompt = request.prompt_tokens_estimate()
+    except Exception:
+        prompt = 0
+    completion = request.max_tokens if getattr(request, "max_tokens", None) is not None else DEFAULT_COMPLETION_TOKENS
+    return max(1, prompt + max(0, completion))
+
+
+__all__ = ["AdmissionConfig", "PoolConfig", "compile_admission", "admission_of", "AdmissionQueue", "Waiter",
+           "PoolAdmission", "Admission", "AdmissionMetrics", "SLOT_ATTR", "estimate_tokens"]

@@ -1,0 +1,270 @@
+"""The gateway queue and admission per pool (extproc/qos/queue.py): order (priority class, then deadline),
+bounds (requests, bytes, time), 429/503 by class, slots released exactly once (a request cancelled while
+queued, one admitted and cancelled before dispatch), the gateway-wide count over two workers' slot files,
+and the config's errors. Outcomes and order are asserted, never durations."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from extproc.config.loader import ConfigError, load_text
+from extproc.qos.limiter import LimiterParams
+from extproc.qos.priority import PriorityClass
+from extproc.qos.queue import SLOT_ATTR, Admission, AdmissionConfig, AdmissionQueue, PoolConfig, Waiter
+from extproc.types import Reject
+
+P0, P1, P2 = (PriorityClass(n, i, i == 0, i, i + 1) for i, n in enumerate(("P0", "P1", "P2")))
+
+
+def waiter(seq, cls=P1, tenant="t", deadline=math.inf, tokens=1, size=0):
+    return Waiter(SimpleNamespace(attrs={}, tenant=tenant), cls.rank, cls.name, tenant, deadline, tokens, 1.0, size,
+                  seq, float(seq))
+
+
+def test_order_is_class_then_deadline_then_arrival():
+    q = AdmissionQueue()
+    ws = [waiter(0, P2, deadline=1.0), waiter(1, P1, deadline=9.0), waiter(2, P1, deadline=3.0),
+          waiter(3, P0, deadline=50.0), waiter(4, P1, deadline=3.0), waiter(5, P2, deadline=0.5)]
+    for w in ws:
+        q.push(w)
+    assert q.count == 6 and q.ahead(P1.rank) == 4 and q.ahead(P0.rank) == 1
+    order = []
+    while (w := q.pop()) is not None:
+        order.append(w.seq)
+    assert order == [3, 2, 4, 1, 5, 0]
+    assert q.count == 0 and q.bytes == 0
+
+
+def test_removed_waiters_are_skipped_and_their_bytes_leave():
+    q = AdmissionQueue()
+    a, b, c = waiter(0, size=10), waiter(1, size=20), waiter(2, size=30)
+    for w in (a, b, c):
+        q.push(w)
+    q.remove(b)
+    q.remove(b)  # twice: counted once
+    assert q.count == 2 and q.bytes == 40
+    assert [q.pop().seq, q.pop().seq, q.pop()] == [0, 2, None]
+
+
+def pool_cfg(**kw):
+    base = dict(pool="llm", limiter=LimiterParams(initial=2, min_limit=1, max_limit=2), max_queue=3,
+                max_queue_bytes=1000, max_wait=5.0, sheddable=frozenset({"P2"}), retry_after=2, poll=0.001,
+                fairness_window=1.0)
+    base.update(kw)
+    return PoolConfig(**base)
+
+
+def admission(state_dir=None, worker=0, **kw):
+    adm = Admission(worker, state_dir, registry=CollectorRegistry())
+    adm.configure(AdmissionConfig({"llm": pool_cfg(**kw)}, {}, ()))
+    return adm
+
+
+def req(tenant="t", stream=False):
+    return SimpleNamespace(attrs={}, tenant=tenant, started=0.0, route=None, first_body=None,
+                           request=SimpleNamespace(stream=stream))
+
+
+def test_queued_requests_go_in_class_order_as_slots_free():
+    async def main():
+        adm = admission()
+        pool = adm.pools["llm"]
+        holders = [req(), req()]
+        for h in holders:
+            assert await adm.acquire(pool, h, P1, 1, 0) is None
+        assert pool.inflight() == 2
+        admitted = []
+
+        async def wait(name, cls):
+            s = req()
+            v = await adm.acquire(pool, s, cls, 1, 0)
+            admitted.append((name, v))
+            return s
+
+        tasks = [asyncio.create_task(wait("p2", P2)), asyncio.create_task(wait("p1", P1)),
+                 asyncio.create_task(wait("p0", P0))]
+        await asyncio.sleep(0)
+        assert pool.queue.count == 3
+        adm.release(holders[0])
+        await asyncio.sleep(0)
+        adm.release(holders[1])
+        await asyncio.sleep(0)
+        assert [n for n, _ in admitted] == ["p0", "p1"]
+        first = await tasks[2]
+        adm.release(first)
+        await asyncio.gather(*tasks)
+        assert [n for n, v in admitted] == ["p0", "p1", "p2"] and all(v is None for _, v in admitted)
+        for t in tasks:
+            adm.release(t.result())
+        adm.release(t.result())  # twice: released once
+        assert pool.inflight() == 0 and pool.own == 0
+
+    asyncio.run(main())
+
+
+def test_full_queue_sheds_p2_with_429_and_refuses_others_with_503():
+    async def main():
+        adm = admission(max_queue=1)
+        pool = adm.pools["llm"]
+        for _ in range(2):
+            await adm.acquire(pool, req(), P1, 1, 0)
+        t = asyncio.create_task(adm.acquire(pool, req(), P1, 1, 0))
+        await asyncio.sleep(0)
+        shed = await adm.acquire(pool, req(), P2, 1, 0)
+        refused = await adm.acquire(pool, req(), P0, 1, 0)
+        assert isinstance(shed, Reject) and shed.status == 429 and shed.code == "overloaded" and shed.retry_after == 2
+        assert isinstance(refused, Reject) and refused.status == 503 and refused.code == "queue_full"
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+
+    asyncio.run(main())
+
+
+def test_bytes_bound():
+    async def main():
+        adm = admission(max_queue_bytes=100)
+        pool = adm.pools["llm"]
+        for _ in range(2):
+            await adm.acquire(pool, req(), P1, 1, 0)
+        t = asyncio.create_task(adm.acquire(pool, req(), P1, 1, 60))
+        await asyncio.sleep(0)
+        v = await adm.acquire(pool, req(), P1, 1, 60)
+        assert isinstance(v, Reject) and v.status == 503 and v.code == "queue_full"
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+        assert pool.queue.bytes == 0
+
+    asyncio.run(main())
+
+
+def test_wait_bound_times_out_p1_with_503_and_p2_with_429():
+    async def main():
+        adm = admission(max_wait=0.02)
+        pool = adm.pools["llm"]
+        for _ in range(2):
+            await adm.acquire(pool, req(), P1, 1, 0)  # never released
+        a, b = await asyncio.gather(adm.acquire(pool, req(), P1, 1, 0), adm.acquire(pool, req(), P2, 1, 0))
+        assert (a.status, a.code) == (503, "queue_timeout")
+        assert (b.status, b.code) == (429, "overloaded")
+        assert pool.queue.count == 0 and pool.inflight() == 2
+
+    asyncio.run(main())
+
+
+def test_p2_shed_at_once_when_its_estimated_wait_is_over_the_bound():
+    async def main():
+        adm = admission(max_wait=1.0)
+        pool = adm.pools["llm"]
+        pool.hold = 10.0  # slots are held 10 s on average: 1 ahead / limit 2 * 10 s = 5 s > 1 s
+        for _ in range(2):
+            await adm.acquire(pool, req(), P1, 1, 0)
+        v = await adm.acquire(pool, req(), P2, 1, 0)
+        assert (v.status, v.code) == (429, "overloaded") and pool.queue.count == 0
+
+    asyncio.run(main())
+
+
+def test_cancelled_while_queued_leaks_nothing_and_admitted_then_cancelled_gives_back_its_slot():
+    async def main():
+        adm = admission()
+        pool = adm.pools["llm"]
+        holders = [req(), req()]
+        for h in holders:
+            await adm.acquire(pool, h, P1, 1, 0)
+        queued = [asyncio.create_task(adm.acquire(pool, req(), P1, 1, 10)) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert pool.queue.count == 3 and pool.queue.bytes == 30
+        queued[0].cancel()  # the client went away while its request waited
+        await asyncio.gather(queued[0], return_exceptions=True)
+        assert pool.queue.count == 2 and pool.queue.bytes == 20
+        # admitted by a release, cancelled before its coroutine resumed (the stream was reset then)
+        adm.release(holders[0])
+        assert pool.inflight() == 2 and pool.queue.count == 1
+        queued[1].cancel()
+        await asyncio.gather(queued[1], return_exceptions=True)
+        assert pool.inflight() == 2  # its slot went to the next in line
+        assert await queued[2] is None
+        adm.release(holders[1])
+        assert pool.inflight() == 1
+        assert pool.own == 1 and pool.queue.count == 0
+
+    asyncio.run(main())
+
+
+def test_workers_share_the_limit_through_their_slot_files(tmp_path):
+    async def main():
+        w0 = admission(str(tmp_path), 0)
+        w1 = admission(str(tmp_path), 1)
+        p0, p1 = w0.pools["llm"], w1.pools["llm"]
+        a = req()
+        assert await w0.acquire(p0, a, P1, 1, 0) is None
+        assert await w1.acquire(p1, req(), P1, 1, 0) is None
+        assert p0.inflight() == 2 and p1.inflight() == 2  # the limit (2) is the gateway's, not each worker's
+        t = asyncio.create_task(w1.acquire(p1, req(), P1, 1, 0))
+        await asyncio.sleep(0.01)
+        assert not t.done() and p1.queue.count == 1  # worker 1 waits for a slot ...
+        w0.release(a)  # ... that worker 0 frees: seen by worker 1's poll
+        assert await asyncio.wait_for(t, 5) is None
+        assert p0.inflight() == 2
+
+    asyncio.run(main())
+
+
+def test_ttft_of_streamed_requests_feeds_the_limiter():
+    async def main():
+        adm = admission(limiter=LimiterParams(initial=2, min_limit=1, max_limit=50, samples=1))
+        pool = adm.pools["llm"]
+        s = req(stream=True)
+        await adm.acquire(pool, s, P1, 1, 0)
+        s.first_body = s.attrs[SLOT_ATTR].admitted + 0.1
+        adm.release(s)
+        assert pool.limiter.updates == 1 and pool.limiter.min_rtt == pytest.approx(0.1)
+        s = req(stream=False)  # an unstreamed body's first byte is its last: no TTFT sample
+        await adm.acquire(pool, s, P1, 1, 0)
+        s.first_body = s.attrs[SLOT_ATTR].admitted + 5
+        adm.release(s)
+        assert pool.limiter.updates == 1
+
+    asyncio.run(main())
+
+
+CONFIG = """
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {{name: q}}
+spec:
+  tenants: [{{id: a}}]
+  backends: [{{name: llm, endpoints: ["127.0.0.1:9"]}}]
+  routes: [{{path: /v1/, match: prefix, kind: openai, name: api, targets: [llm]}}]
+  qos:
+    admission:
+{admission}
+"""
+
+
+@pytest.mark.parametrize("entry, where", [
+    ("      - {backend: nope}", "spec.qos.admission[0].backend: unknown backend 'nope'"),
+    ("      - {backend: llm, maxWait: 2s}", "spec.qos.admission[0].maxWait"),
+    ("      - {backend: llm, sheddable: [P9]}", "spec.qos.admission[0].sheddable[0]: unknown priority class 'P9'"),
+    ("      - {backend: llm, minLimit: 10, initialLimit: 4}", "spec.qos.admission[0].initialLimit"),
+    ("      - {backend: llm, smoothing: 0}", "smoothing"),
+])
+def test_bad_config_is_refused_with_its_field(entry, where):
+    with pytest.raises(ConfigError) as e:
+        load_text(CONFIG.format(admission=entry), "q.yaml")
+    assert where in str(e.value) and "q.yaml" in str(e.value)
+
+
+def test_pipeline_gets_the_stage_before_dispatch_only_for_listed_pools():
+    snap = load_text(CONFIG.format(admission="      - {backend: llm, maxWait: 500ms}"), "q.yaml")
+    names = [s.name for s in snap.routes["api"].pipeline.stages]
+    assert names.index("qos-queue") == names.index("dispatch") - 1
+    assert names.count("qos-queue") == 2  # bodiless requests are admitted at headers, the others at the body
+    off = load_text(CONFIG.format(admission="      - {backend: llm, enabled: false}"), "q.yaml")
+    assert "qos-queue" not in [s.name for s in off.routes["api"].pipeline.stages]
