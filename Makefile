@@ -15,7 +15,7 @@ MLSERVER := $(MLSERVER_VENV)/bin/python
 CONFIG ?= examples/finance-llm-adapter.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test setup envoy ebpf-setup h2load-setup monitoring-setup redis-setup perf render clean mutation
+.PHONY: run test setup envoy ebpf-setup h2load-setup monitoring-setup redis-setup perf render clean mutation postgres-setup
 
 run: setup
 	$(VENV)/bin/adapterctl up $(CONFIG) --simulate
@@ -28,7 +28,7 @@ test: setup
 	$(VENV)/bin/python -m coverage report; \
 	exit $$rc
 
-setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup monitoring-setup redis-setup $(MLSERVER) llama-setup
+setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup monitoring-setup redis-setup $(MLSERVER) llama-setup postgres-setup
 
 # MLServer, an independent KServe v2 server the Triton adapter is tested against. Its own venv:
 # it needs protobuf<7, the project pins protobuf 7. A failed install only skips that test (it says why).
@@ -80,6 +80,16 @@ redis-setup:
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null 2>&1; }; } \
 		&& echo "redis-server installed"; } || echo "redis-server: not installed (needs root and apt-get); the Redis budget tests skip"
+
+# PostgreSQL (Debian's postgresql): the real database of sql routes' tests (tests/e2e/test_sql_adapter.py,
+# tests/extproc/semantic/test_sql_postgres.py), each a throwaway cluster made with initdb/pg_ctl on a free port
+# (tests/e2e/postgres.py; as root it runs as `nobody`: PostgreSQL refuses root; the package's own cluster is not
+# used). Once, as root with apt-get; otherwise one line, and the PostgreSQL tests skip saying why.
+postgres-setup:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null 2>&1; }; } \
+		&& echo "postgresql installed"; } || echo "postgresql: not installed (needs root and apt-get); the PostgreSQL tests skip"
 
 # Prometheus and promtool (Debian's prometheus): tests/e2e/test_monitoring.py checks the alert rules and
 # evaluates the dashboard (examples/monitoring/) on a real server. Once, as root with apt-get (the
