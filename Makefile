@@ -15,7 +15,7 @@ MLSERVER := $(MLSERVER_VENV)/bin/python
 CONFIG ?= examples/finance-llm-adapter.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test setup envoy ebpf-setup h2load-setup monitoring-setup redis-setup perf render clean mutation postgres-setup
+.PHONY: run test setup envoy ebpf-setup h2load-setup monitoring-setup redis-setup mosquitto-setup perf render clean mutation postgres-setup
 
 run: setup
 	$(VENV)/bin/adapterctl up $(CONFIG) --simulate
@@ -28,7 +28,7 @@ test: setup
 	$(VENV)/bin/python -m coverage report; \
 	exit $$rc
 
-setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup monitoring-setup redis-setup $(MLSERVER) llama-setup postgres-setup
+setup: $(STAMP) $(ENVOY) ebpf-setup h2load-setup monitoring-setup redis-setup mosquitto-setup $(MLSERVER) llama-setup postgres-setup
 
 # MLServer, an independent KServe v2 server the Triton adapter is tested against. Its own venv:
 # it needs protobuf<7, the project pins protobuf 7. A failed install only skips that test (it says why).
@@ -90,6 +90,19 @@ postgres-setup:
 		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null 2>&1 || \
 		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null 2>&1; }; } \
 		&& echo "postgresql installed"; } || echo "postgresql: not installed (needs root and apt-get); the PostgreSQL tests skip"
+
+# mosquitto (Debian's mosquitto): the MQTT broker of iot routes' tests (tests/e2e/test_iot_adapter.py,
+# perf/bench_iot.py), each started on a free port with its own config (tests/e2e/mosquitto.py; the
+# package's service is not started: no systemd here). Once, as root with apt-get; otherwise one line,
+# and those tests skip saying why.
+mosquitto-setup:
+	@{ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; } || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null 2>&1 && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mosquitto >/dev/null 2>&1 || \
+		  { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		    --no-install-recommends mosquitto >/dev/null 2>&1; }; } \
+		&& echo "mosquitto installed (Debian mosquitto)"; } || \
+		echo "mosquitto: not installed (needs root and apt-get); tests/e2e/test_iot_adapter.py skips"
 
 # Prometheus and promtool (Debian's prometheus): tests/e2e/test_monitoring.py checks the alert rules and
 # evaluates the dashboard (examples/monitoring/) on a real server. Once, as root with apt-get (the

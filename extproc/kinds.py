@@ -23,6 +23,7 @@ pipeline's hooks use are exactly what Envoy is configured to send for the route.
 | anthropic-messages | admit, body-limit, anthropic-messages, backend-dialect / anthropic-messages, token-budget, dispatch, backend-dialect / anthropic-messages (streamed) | anthropic |
 | openai-responses | admit, body-limit, openai-responses, backend-dialect / openai-responses, token-budget, dispatch, backend-dialect / openai-responses (streamed) | openai |
 | sql | admit, body-limit / sql-query, token-budget, dispatch / sql-query (the model's SQL checked and run) | adapter |
+| iot | admit, body-limit / parse-json, mqtt-command (publishes, answers itself) / - | adapter |
 | health | health / - / - | adapter |
 
 Why: one spec per kind instead of if-chains over five files (schema, compile, stages, cli); a
@@ -43,6 +44,7 @@ class KindSpec:
     stages: Callable[[Any], list[Any]]  # route -> stage objects, in order
     api: str | None = None  # the backend API targets must speak (backends.base adapter `api`)
     dialect: str = "adapter"
+    needs_target: bool = True  # False: the processor answers itself (no backend unless one is named)
     multi_target: bool = False  # several targets (dispatch by model)
     prefix: bool = True  # `match: prefix` allowed
     templates: bool = False  # request / transform / outputSchema allowed
@@ -132,6 +134,13 @@ def _openai_responses(route: Any) -> list[Any]:
     return [*_front(), openai_responses(), TokenBudgetAtBody(), DispatchAtBody(), BackendDialect()]
 
 
+def _iot(route: Any) -> list[Any]:
+    from extproc.stages.mqtt_command import MqttCommand
+    from extproc.stages.parse_json import ParseJson
+
+    return [*_front(), ParseJson(), MqttCommand()]
+
+
 def _sql(route: Any) -> list[Any]:
     from extproc.stages.dispatch import DispatchAtBody
     from extproc.stages.sql_query import SqlQuery
@@ -165,6 +174,8 @@ def kind_specs() -> Mapping[str, KindSpec]:
                  prefix=False, doc="the Anthropic Messages API served on chat-completion backends"),  # pragma: no mutate
         KindSpec("openai-responses", _openai_responses, api="openai", dialect="openai", multi_target=True,
                  prefix=False, doc="the OpenAI Responses API served on chat-completion backends"),  # pragma: no mutate
+        KindSpec("iot", _iot, needs_target=False, prefix=False,
+                 doc="device commands published over MQTT, the device's reply as the answer"),  # pragma: no mutate
         KindSpec("sql", _sql, api="openai", prefix=False, templates=True, needs_model=True, sql=True,
                  doc="questions answered by model-written SQL, checked and run read-only on a database"),  # pragma: no mutate
         KindSpec("health", _health, prefix=False, doc="the processor's health and protocol-negotiation probe"),

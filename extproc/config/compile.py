@@ -103,6 +103,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         admission = compile_admission(spec.qos, backends, spec.processor.message_timeout, qos, issue)
         build_pipeline = partial(build_pipeline, qos=qos, admission=admission)
     default_model = model_name(spec.model_ref)
+    brokers = _compile_brokers(spec.brokers, issue)  # MQTT brokers of iot routes (extproc/iot/)
     routes: dict[str, Route] = {}
     paths: dict[tuple[str, str], int] = {}
     for i, r in enumerate(spec.routes):
@@ -122,13 +123,29 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         if r.target and r.targets:
             issue(base + ("targets",), "set target or targets, not both")
             continue
-        targets = r.targets or (r.target,)
+        if not ks.needs_target and (r.target or r.targets):
+            issue(base + ("targets" if r.targets else "target",), f"a {kind} route is answered by the processor "
+                  "(no target)")
+            continue
+        targets = (r.targets or (r.target,)) if ks.needs_target else ()
         resolved = [_resolve_target(t, base + (("targets", j) if r.targets else ("target",)), backends,
                                     spec.protocol, kinds, issue, r.policy.timeout)
                     for j, t in enumerate(targets)]
         if any(b is None for b in resolved):
             continue
-        backend = resolved[0]
+        backend = resolved[0] if resolved else None
+        iot = None
+        if kind == "iot":
+            from extproc.iot.commands import compile_iot
+
+            iot, problems = compile_iot(r.iot, brokers, spec.processor.message_timeout)
+            for where, why in problems:
+                issue(base + ("iot",) + where, why)
+            if iot is None:
+                continue
+        elif r.iot is not None:
+            issue(base + ("iot",), "only iot routes (kind: iot) have an iot block")
+            continue
         if not ks.templates and (r.request or r.transform or r.output_schema):
             issue(base + ("kind",), f"a {kind} route forwards bodies as they are: request, transform and "
                   "outputSchema need kind: llm or tensor")
@@ -167,7 +184,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         if r.match == "prefix" and not ks.prefix:
             issue(base + ("match",), f"a {kind} route maps one endpoint: use match: exact")
             continue
-        model = r.model or default_model or (backend.models[0] if backend.models else None)
+        model = r.model or default_model or (backend.models[0] if backend is not None and backend.models else None)
         if ks.needs_model and model is None:
             issue(base + ("model",), f"an {kind} route needs a model: set route.model, spec.modelRef or the "
                   "backend's models")
@@ -192,7 +209,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping, sql=sql,
             backends=tuple(dict.fromkeys(resolved)), dialect=ks.dialect, picker=picker,
             structured_fallback=r.policy.structured_fallback,
-            server_timing=r.server_timing,
+            server_timing=r.server_timing, iot=iot,
         )
         if r.server_timing is not None:
             from extproc.attribution import check_route
@@ -937,6 +954,20 @@ def _compile_qos(spec: Any, backends: Mapping[str, Backend], issue: Any) -> Any:
 
     names = {r.name or route_name_from_path(r.path): i for i, r in enumerate(spec.routes)}
     return compile_qos(spec.qos, names, {t.id for t in spec.tenants}, backends, issue)
+
+
+def _compile_brokers(specs: Any, issue: Any) -> dict[str, Any]:
+    from extproc.iot.commands import compile_broker
+
+    brokers: dict[str, Any] = {}
+    for i, b in enumerate(specs):
+        if b.name in brokers:
+            issue(("spec", "brokers", i, "name"), f"duplicate broker name {b.name!r}")
+            continue
+        if b.password_env and b.password_env not in os.environ:
+            issue(("spec", "brokers", i, "passwordEnv"), f"environment variable {b.password_env} is not set")
+        brokers[b.name] = compile_broker(b)
+    return brokers
 
 
 def _with_pipeline(route: Route, build_pipeline: Any, path: tuple, issue: Any) -> Route:

@@ -212,7 +212,10 @@ class DialectSpec(_Model):
     preset: Literal["openai", "vllm", "llamacpp", "sglang", "ollama"] | None = None
     structured_output: Literal["json_schema", "json_object_schema", "structured_outputs", "guided_json",
                                "sglang_json_schema", "ollama_format", "prompt"] | None = None
-    stream_usage: Literal["yes", "no", "refused"] | None = None
+    # YAML 1.1 reads an unquoted yes/no as a boolean: taken as the word
+    stream_usage: Annotated[Literal["yes", "no", "refused"],
+                            BeforeValidator(lambda v: {True: "yes", False: "no"}.get(v, v) if isinstance(v, bool)
+                                            else v)] | None = None
     priority: Literal["honoured", "ignored", "refused"] | None = None
     lora: Literal["runtime", "none"] | None = None
 
@@ -234,7 +237,51 @@ class RoutePolicy(_Model):
 
 
 RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",
-                    "openai-responses", "sql"]
+                    "openai-responses", "iot", "sql"]
+
+
+class BrokerSpec(_Model):
+    """`spec.brokers[]`: an MQTT broker iot routes publish to (docs/iot-adapter.md). Each worker keeps
+    one MQTT v5 connection per broker in its runtime, across reloads while this entry is unchanged."""
+    name: Annotated[str, Field(pattern=DNS_LABEL)]
+    address: str  # host:port
+    client_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,40}$")] = "adapter-gateway"  # + worker pid
+    keepalive: Duration = 30.0
+    connect_timeout: Duration = 0.5  # a request waits this long for a connection, then 503
+    username: str | None = None
+    password_env: Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]*$")] | None = None  # the password's env var
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        split_host_port(v)
+        return v
+
+
+class IotCommandSpec(_Model):
+    """One device command of an iot route: where it is published, what is sent, where the reply comes.
+    Topics are topic templates (`plant/{$.device}/set`); `payload` and `response` are JSON templates
+    (docs/templates.md) over {device, command, params, correlationId, requestId, tenant} (and, for
+    `response`, `reply`: the device's JSON answer)."""
+    topic: Annotated[str, Field(min_length=1)]
+    payload: Annotated[str, Field(min_length=1)]
+    reply_topic: str | None = None  # without it: 202 once the broker acknowledged (QoS 1), no reply awaited
+    response: str | None = None  # default: {device, command, topic, correlationId, reply}
+    params: dict[str, Any] | None = None  # JSON Schema the request's `params` must match
+    qos: Literal[0, 1, 2] = 1
+    retain: bool = False
+    timeout: Duration | None = None  # default: the route's iot.timeout
+
+
+class IotSpec(_Model):
+    """`routes[].iot`: the commands of an iot route and how requests name them (docs/iot-adapter.md)."""
+    broker: Annotated[str, Field(pattern=DNS_LABEL)] | None = None  # default: the only spec.brokers entry
+    commands: Annotated[dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], IotCommandSpec],
+                        Field(min_length=1)]
+    timeout: Duration = 0.5  # how long a reply is awaited (below spec.processor.messageTimeout)
+    device_pattern: str = r"^[A-Za-z0-9_.:-]{1,128}$"  # what a device id may be
+    # where a reply without MQTT v5 correlation data carries the correlation id
+    correlation_path: str = "$.correlationId"
 
 class SqlSpec(_Model):
     """`routes[].sql`: the database a sql route's model writes queries for (docs/sql-adapter.md). Its
@@ -303,6 +350,7 @@ class RouteSpec(_Model):
     # "NAME@VERSION" (pinned). Without it, a loaded bundle naming this route in its bundle.yaml applies.
     bundle: Annotated[str, Field(pattern=BUNDLE_REF)] | None = None
     server_timing: ServerTimingSpec | None = None  # latency attribution (docs/attribution.md); off by default
+    iot: "IotSpec | None" = None  # kind iot: device commands over MQTT (docs/iot-adapter.md)
 
 
 class BundleRouteSpec(_Model):
@@ -651,6 +699,21 @@ class TracingSpec(_Model):
         return v
 
 
+class OtlpMetricsSpec(_Model):
+    """`spec.otlpMetrics`: the GenAI metrics (OpenTelemetry semantic conventions, extproc/genai.py) exported
+    over OTLP/gRPC by every worker too (extproc/genai_otlp.py, docs/operations.md). Absent: Prometheus only."""
+    endpoint: str  # the collector's OTLP/gRPC "host:port" (plaintext)
+    interval: Annotated[Duration, Field(ge=0.1, le=3600)] = 15.0  # how often each worker exports
+    export_timeout: Annotated[Duration, Field(gt=0, le=600)] = 5.0  # per OTLP export call (off the event loop)
+    service_name: Annotated[str, Field(min_length=1, max_length=200)] = "adapter-gateway"  # + -processor
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        split_host_port(v)
+        return v
+
+
 CLASS_NAME = r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$"  # a priority class: P0, P1, interactive, batch
 
 
@@ -761,6 +824,46 @@ class QosAdmissionSpec(_Model):
     fairness_window: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)] = 1.0
 
 
+class QosBriefBatchSpec(_Model):
+    """The brief's updateBatchSize (docs/qos.md "Batch policies"): ratio r < low -> base * (1 - (low - r)
+    * gain); r > high -> base * boost; else base; clamped to [minSize, maxSize]. Ratios are fractions."""
+    base: Annotated[int, Field(ge=1, le=4096)] = 32
+    low: Annotated[float, Field(gt=0, lt=1)] = 0.9
+    high: Annotated[float, Field(gt=0, lt=1)] = 0.95
+    gain: Annotated[float, Field(gt=0)] = 5.0
+    boost: Annotated[float, Field(ge=1)] = 1.5
+    min_size: Annotated[int, Field(ge=1, le=4096)] = 1
+    max_size: Annotated[int, Field(ge=1, le=4096)] = 4096
+
+
+class QosAimdBatchSpec(_Model):
+    """AIMD of max_batch_size (docs/qos.md "Batch policies"): + step after `hold` windows with attainment
+    >= target (a fraction), x factor on a violation (at most once per `cooldown` windows)."""
+    target: Annotated[float, Field(gt=0, le=1)] = 0.95
+    start: Annotated[int, Field(ge=1, le=4096)] | None = None  # default: maxSize
+    step: Annotated[int, Field(ge=1, le=4096)] = 2
+    factor: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    hold: Annotated[int, Field(ge=1, le=1000)] = 3
+    cooldown: Annotated[int, Field(ge=0, le=1000)] = 3
+    min_size: Annotated[int, Field(ge=1, le=4096)] = 1
+    max_size: Annotated[int, Field(ge=1, le=4096)] = 48
+
+
+class QosBatchControlSpec(_Model):
+    """A batch controller (docs/qos.md "Batch policies"): every `period` the supervisor reads the
+    attainment of `slo` (server time, a bound of the server's latency histogram) for `model` on each
+    endpoint of the onnxruntime `backend` and writes `policy`'s batch size through its admin endpoint,
+    holding the model's lease (`lease`) so one controller acts per endpoint."""
+    backend: Annotated[str, Field(min_length=1)]
+    model: Annotated[str, Field(min_length=1)]
+    policy: Literal["static", "brief", "aimd"] = "brief"
+    slo: Duration
+    period: Annotated[Duration, Field(ge=0.01, le=60)] = 0.1
+    lease: Annotated[Duration, Field(ge=0.05, le=60)] = 1.0
+    brief: QosBriefBatchSpec = QosBriefBatchSpec()
+    aimd: QosAimdBatchSpec = QosAimdBatchSpec()
+
+
 class QosSpec(_Model):
     """SLO-driven QoS (docs/qos.md): priority classes, SLOs and their attainment per window, the
     priority matrix, the glitch breaker. Absent: no route pays anything for it."""
@@ -776,6 +879,7 @@ class QosSpec(_Model):
     tenants: tuple[QosTenantSpec, ...] = ()
     matrix: QosMatrixSpec = QosMatrixSpec()
     breaker: QosBreakerSpec = QosBreakerSpec()
+    batch_control: tuple[QosBatchControlSpec, ...] = ()  # the supervisor's batch controllers (ONNX Runtime)
     admission: tuple[QosAdmissionSpec, ...] = ()  # pools with a concurrency limit and a gateway queue
 
 
@@ -797,6 +901,8 @@ class GatewaySpec(_Model):
     bundles: tuple[BundleSpec, ...] = ()  # adapter bundles routes and rollout arms use (docs/canary.md)
     qos: QosSpec | None = None  # SLOs, priority classes, the glitch breaker (docs/qos.md)
     tracing: TracingSpec | None = None  # OpenTelemetry traces (docs/tracing.md); off when absent
+    otlp_metrics: OtlpMetricsSpec | None = None  # the GenAI metrics over OTLP too (docs/operations.md); off when absent
+    brokers: tuple[BrokerSpec, ...] = ()  # MQTT brokers of iot routes (docs/iot-adapter.md)
 
     @model_validator(mode="after")
     def _some_route(self) -> "GatewaySpec":

@@ -215,6 +215,7 @@ class Route:
     variants: Mapping[str, "Route"] = field(default_factory=dict, hash=False, compare=False)
     structured_fallback: str = "prompt"  # policy.structuredFallback: "prompt" or "refuse" (docs/dialects.md)
     server_timing: Any = None  # schema.ServerTimingSpec: latency attribution (extproc/attribution.py), None: off
+    iot: Any = None  # iot routes: extproc.iot.commands.IotRoute (broker, commands)
 
     def backend_for_model(self, model: str | None) -> Backend | None:
         """The first target serving `model` (a backend with no models listed serves any)."""

@@ -30,6 +30,7 @@ spec:
     - {name: tri, kind: triton, endpoints: ["127.0.0.1:9002"], models: [fraud]}
     - {name: ort, kind: onnxruntime, endpoints: ["127.0.0.1:9003"], models: [fraud-mlp]}
     - {name: svc, kind: rest, endpoints: ["127.0.0.1:9004"]}
+  brokers: [{name: plant, address: "127.0.0.1:1883"}]
   routes:
     - {path: /llm, name: llm, kind: llm, target: llm, transform: '{"x": $.output.x}'}
     - {path: /pass, name: passthrough, kind: passthrough, target: llm}
@@ -42,6 +43,7 @@ spec:
     - {path: /v1/messages, name: anthropic-messages, kind: anthropic-messages, target: llm}
     - {path: /v1/responses, name: openai-responses, kind: openai-responses, target: llm}
     - {path: /ask, name: sql, kind: sql, target: llm, sql: {database: shop.db}}
+    - {path: /devices, name: iot, kind: iot, iot: {commands: {ping: {topic: "d/{$.device}", payload: "{}"}}}}
 """
 
 # The table in extproc/kinds.py's docstring, stage by stage and phase by phase.
@@ -70,10 +72,11 @@ STAGES = {
                          PH: ["openai-responses"], PB: ["openai-responses"]},
     "sql": {RH: ["admit", "body-limit"], RB: ["sql-query", "token-budget", "dispatch"], PH: ["sql-query"],
             PB: ["sql-query"]},
+    "iot": {RH: ["admit", "body-limit"], RB: ["parse-json", "mqtt-command"]},
 }
 DIALECT = {"llm": "adapter", "passthrough": "adapter", "openai": "openai", "kserve": "kserve", "tensor": "adapter",
            "tool": "tool", "rest": "adapter", "health": "adapter", "anthropic-messages": "anthropic",
-           "openai-responses": "openai", "sql": "adapter"}
+           "openai-responses": "openai", "sql": "adapter", "iot": "adapter"}
 # What Envoy is told per kind (ExtProcPerRoute processing_mode): the round trips a request costs.
 MODES = {
     "sql": ("SEND", "SEND", "BUFFERED", "BUFFERED"),  # the model's answer replaced by the rows
@@ -85,6 +88,7 @@ MODES = {
     "tool": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
     "rest": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
     "health": ("SEND", "SKIP", "NONE", "NONE"),
+    "iot": ("SEND", "SKIP", "BUFFERED", "NONE"),  # the processor answers at the request body
     # the translations rewrite the response: its headers (content-length) and each streamed chunk
     "anthropic-messages": ("SEND", "SEND", "BUFFERED", "STREAMED"),
     "openai-responses": ("SEND", "SEND", "BUFFERED", "STREAMED"),
@@ -109,7 +113,7 @@ def route_of(snap, kind: str):
 def test_every_route_kind_has_a_spec_and_every_spec_a_kind():
     literals = set(typing.get_args(RouteKind))
     assert literals == {"llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",
-                        "openai-responses", "sql"}
+                        "openai-responses", "sql", "iot"}
     assert set(kind_specs()) == literals | {"health"}
     # the schema's field uses that literal (a kind added to one and not the other is caught here)
     assert typing.get_args(RouteSpec.model_fields["kind"].annotation)[0] is RouteKind
@@ -168,13 +172,15 @@ def test_kind_properties():
     assert {k for k, s in ks.items() if s.multi_target} == {"openai", "kserve", "anthropic-messages", "openai-responses"}
     assert {k for k, s in ks.items() if s.needs_model} == {"llm", "tensor", "sql"}
     assert {k for k, s in ks.items() if not s.prefix} == {"llm", "tensor", "health", "anthropic-messages",
-                                                          "openai-responses", "sql"}
+                                                          "openai-responses", "sql", "iot"}
+    assert {k for k, s in ks.items() if not s.needs_target} == {"iot"}
     assert {k for k, s in ks.items() if s.templates} == {"llm", "tensor", "tool", "rest", "sql"}
     assert {k for k, s in ks.items() if s.openapi} == {"tool"}
     assert {k for k, s in ks.items() if s.mapping} == {"rest"}
     assert {k: s.api for k, s in ks.items()} == {
         "llm": "openai", "passthrough": None, "openai": "openai", "kserve": "kserve", "tensor": "kserve",
-        "tool": "rest", "rest": "rest", "health": None, "anthropic-messages": "openai", "openai-responses": "openai", "sql": "openai"}
+        "tool": "rest", "rest": "rest", "health": None, "anthropic-messages": "openai", "openai-responses": "openai", "sql": "openai",
+        "iot": None}
 
 
 def test_default_kind_is_llm_with_templates_and_passthrough_without():
