@@ -49,7 +49,6 @@ import base64
 import binascii
 import secrets
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Mapping
 from urllib.parse import quote_plus
 
@@ -109,13 +108,22 @@ _DEFAULT_PART = PartEncoding()
 
 @dataclass(frozen=True)
 class FormEncoding:
-    """A form body's media type and the encodings of its properties (undeclared ones: defaults)."""
+    """A form body's media type and the encodings of its properties (undeclared ones: defaults).
+
+    ``properties`` is ``((name, PartEncoding), ...)`` for the properties that differ from the
+    default: a tuple, so that a `Tool` holding it can be pickled (a mappingproxy cannot).
+    """
 
     media_type: str
-    properties: Mapping[str, PartEncoding] = field(default_factory=lambda: MappingProxyType({}))
+    properties: tuple[tuple[str, PartEncoding], ...] = ()
+    _index: dict = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._index.update(self.properties)
 
     def part(self, name: str) -> PartEncoding:
-        return self.properties.get(name, _DEFAULT_PART)
+        """The encoding of property ``name`` (the default one when the document declares none)."""
+        return self._index.get(name, _DEFAULT_PART)
 
 
 def form_media_type(media: str) -> str | None:
@@ -208,7 +216,7 @@ def prepare_form(media_type: str, schema: dict, encoding: Any) -> tuple[dict, Fo
         if part != _DEFAULT_PART:
             parts[name] = part
     out = {**schema, "properties": new_props} if props else schema
-    return out, FormEncoding(media_type, MappingProxyType(parts)), warnings
+    return out, FormEncoding(media_type, tuple(parts.items())), warnings
 
 
 # --------------------------------------------------------------------------

@@ -175,6 +175,16 @@ def test_bad_base64_and_lone_surrogates_are_refused_naming_the_field():
     assert e.value.errors[0].pointer == "/t/1"
 
 
+def test_a_form_tool_pickles_with_its_encoding():
+    import pickle
+
+    tool, _ = form_tool(MULTIPART, {"type": "object", "properties": {"f": {"type": "string", "format": "binary"}}},
+                        {"f": {"contentType": "image/png"}})
+    copy = pickle.loads(pickle.dumps(tool))
+    assert copy.body == tool.body and copy.body.form.part("f").content_type == "image/png"
+    assert copy.body.form.part("other") == tool.body.form.part("other") and not copy.body.form.part("other").binary
+
+
 def test_a_boundary_never_occurs_in_the_content():
     form = FormEncoding(MULTIPART)
     ctype, body = encode_multipart({"a": "x--B--y"}, form, boundary="B2")
