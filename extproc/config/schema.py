@@ -212,10 +212,7 @@ class DialectSpec(_Model):
     preset: Literal["openai", "vllm", "llamacpp", "sglang", "ollama"] | None = None
     structured_output: Literal["json_schema", "json_object_schema", "structured_outputs", "guided_json",
                                "sglang_json_schema", "ollama_format", "prompt"] | None = None
-    # YAML 1.1 reads an unquoted yes/no as a boolean: taken as the word
-    stream_usage: Annotated[Literal["yes", "no", "refused"],
-                            BeforeValidator(lambda v: {True: "yes", False: "no"}.get(v, v) if isinstance(v, bool)
-                                            else v)] | None = None
+    stream_usage: Literal["yes", "no", "refused"] | None = None
     priority: Literal["honoured", "ignored", "refused"] | None = None
     lora: Literal["runtime", "none"] | None = None
 
@@ -237,7 +234,7 @@ class RoutePolicy(_Model):
 
 
 RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",
-                    "openai-responses", "iot", "sql"]
+                    "openai-responses", "sql", "iot"]
 
 
 class BrokerSpec(_Model):
@@ -699,21 +696,6 @@ class TracingSpec(_Model):
         return v
 
 
-class OtlpMetricsSpec(_Model):
-    """`spec.otlpMetrics`: the GenAI metrics (OpenTelemetry semantic conventions, extproc/genai.py) exported
-    over OTLP/gRPC by every worker too (extproc/genai_otlp.py, docs/operations.md). Absent: Prometheus only."""
-    endpoint: str  # the collector's OTLP/gRPC "host:port" (plaintext)
-    interval: Annotated[Duration, Field(ge=0.1, le=3600)] = 15.0  # how often each worker exports
-    export_timeout: Annotated[Duration, Field(gt=0, le=600)] = 5.0  # per OTLP export call (off the event loop)
-    service_name: Annotated[str, Field(min_length=1, max_length=200)] = "adapter-gateway"  # + -processor
-
-    @field_validator("endpoint")
-    @classmethod
-    def _endpoint(cls, v: str) -> str:
-        split_host_port(v)
-        return v
-
-
 CLASS_NAME = r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$"  # a priority class: P0, P1, interactive, batch
 
 
@@ -824,46 +806,6 @@ class QosAdmissionSpec(_Model):
     fairness_window: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)] = 1.0
 
 
-class QosBriefBatchSpec(_Model):
-    """The brief's updateBatchSize (docs/qos.md "Batch policies"): ratio r < low -> base * (1 - (low - r)
-    * gain); r > high -> base * boost; else base; clamped to [minSize, maxSize]. Ratios are fractions."""
-    base: Annotated[int, Field(ge=1, le=4096)] = 32
-    low: Annotated[float, Field(gt=0, lt=1)] = 0.9
-    high: Annotated[float, Field(gt=0, lt=1)] = 0.95
-    gain: Annotated[float, Field(gt=0)] = 5.0
-    boost: Annotated[float, Field(ge=1)] = 1.5
-    min_size: Annotated[int, Field(ge=1, le=4096)] = 1
-    max_size: Annotated[int, Field(ge=1, le=4096)] = 4096
-
-
-class QosAimdBatchSpec(_Model):
-    """AIMD of max_batch_size (docs/qos.md "Batch policies"): + step after `hold` windows with attainment
-    >= target (a fraction), x factor on a violation (at most once per `cooldown` windows)."""
-    target: Annotated[float, Field(gt=0, le=1)] = 0.95
-    start: Annotated[int, Field(ge=1, le=4096)] | None = None  # default: maxSize
-    step: Annotated[int, Field(ge=1, le=4096)] = 2
-    factor: Annotated[float, Field(gt=0, lt=1)] = 0.5
-    hold: Annotated[int, Field(ge=1, le=1000)] = 3
-    cooldown: Annotated[int, Field(ge=0, le=1000)] = 3
-    min_size: Annotated[int, Field(ge=1, le=4096)] = 1
-    max_size: Annotated[int, Field(ge=1, le=4096)] = 48
-
-
-class QosBatchControlSpec(_Model):
-    """A batch controller (docs/qos.md "Batch policies"): every `period` the supervisor reads the
-    attainment of `slo` (server time, a bound of the server's latency histogram) for `model` on each
-    endpoint of the onnxruntime `backend` and writes `policy`'s batch size through its admin endpoint,
-    holding the model's lease (`lease`) so one controller acts per endpoint."""
-    backend: Annotated[str, Field(min_length=1)]
-    model: Annotated[str, Field(min_length=1)]
-    policy: Literal["static", "brief", "aimd"] = "brief"
-    slo: Duration
-    period: Annotated[Duration, Field(ge=0.01, le=60)] = 0.1
-    lease: Annotated[Duration, Field(ge=0.05, le=60)] = 1.0
-    brief: QosBriefBatchSpec = QosBriefBatchSpec()
-    aimd: QosAimdBatchSpec = QosAimdBatchSpec()
-
-
 class QosSpec(_Model):
     """SLO-driven QoS (docs/qos.md): priority classes, SLOs and their attainment per window, the
     priority matrix, the glitch breaker. Absent: no route pays anything for it."""
@@ -879,7 +821,6 @@ class QosSpec(_Model):
     tenants: tuple[QosTenantSpec, ...] = ()
     matrix: QosMatrixSpec = QosMatrixSpec()
     breaker: QosBreakerSpec = QosBreakerSpec()
-    batch_control: tuple[QosBatchControlSpec, ...] = ()  # the supervisor's batch controllers (ONNX Runtime)
     admission: tuple[QosAdmissionSpec, ...] = ()  # pools with a concurrency limit and a gateway queue
 
 
@@ -901,7 +842,6 @@ class GatewaySpec(_Model):
     bundles: tuple[BundleSpec, ...] = ()  # adapter bundles routes and rollout arms use (docs/canary.md)
     qos: QosSpec | None = None  # SLOs, priority classes, the glitch breaker (docs/qos.md)
     tracing: TracingSpec | None = None  # OpenTelemetry traces (docs/tracing.md); off when absent
-    otlp_metrics: OtlpMetricsSpec | None = None  # the GenAI metrics over OTLP too (docs/operations.md); off when absent
     brokers: tuple[BrokerSpec, ...] = ()  # MQTT brokers of iot routes (docs/iot-adapter.md)
 
     @model_validator(mode="after")
