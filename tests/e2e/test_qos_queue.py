@@ -1,0 +1,136 @@
+"""Admission and queueing through the real Envoy (extproc/qos/queue.py, extproc/stages/qos_queue.py).
+
+The pool `llm` (the OpenAI simulator, decoding at 20 tokens/s) has a concurrency limit pinned to 1 and a
+queue of 2: while one streamed request holds the slot, the next ones wait in the gateway (Envoy gets no
+reply to their body yet); a full queue refuses a P1 request with 503 `queue_full` and a P2 request with
+429 `overloaded`, both with Retry-After, in the OpenAI error shape; a client that disconnects while queued
+leaves the queue (the next request is served, not timed out behind a leaked slot); once the slot frees a
+P0 request that came after a P2 one is served first. One worker, so the one queue is the gateway's.
+Outcomes and order are asserted; the only waits are for the gateway to reach a state (metrics polled).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import metric_sum
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = """
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: qos-queue}
+spec:
+  modelRef: qwen2.5-finance
+  processor: {messageTimeout: 10s}
+  tenants: [{id: std}, {id: gold}, {id: batch}]
+  backends: [{name: llm, endpoints: ["llm.invalid:8000"]}]
+  routes:
+    - {path: /v1/, match: prefix, kind: openai, name: api}
+  qos:
+    tenants: [{tenant: gold, priorityClass: P0}, {tenant: batch, priorityClass: P2}]
+    admission:
+      - {backend: llm, initialLimit: 1, minLimit: 1, maxLimit: 1, maxQueue: 2, maxWait: 8s, retryAfter: 4}
+"""
+
+
+def chat(st, tenant, max_tokens=4, timeout=30.0, stream=False):
+    return httpx.post(f"{st.url}/v1/chat/completions", headers={"x-tenant-id": tenant}, timeout=timeout,
+                      json={"model": "qwen2.5-finance", "messages": [{"role": "user", "content": "hi"}],
+                            "max_tokens": max_tokens, "stream": stream})
+
+
+class Holder(threading.Thread):
+    """A streamed request that holds the pool's slot while the simulator decodes it."""
+
+    def __init__(self, st, max_tokens=60):
+        super().__init__(daemon=True)
+        self.st, self.max_tokens = st, max_tokens
+        self.first = threading.Event()
+        self.status = None
+
+    def run(self):
+        with httpx.stream("POST", f"{self.st.url}/v1/chat/completions", headers={"x-tenant-id": "std"}, timeout=30,
+                          json={"model": "qwen2.5-finance", "messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": self.max_tokens, "stream": True}) as r:
+            self.status = r.status_code
+            for _ in r.iter_lines():
+                self.first.set()
+        self.first.set()
+
+
+def in_background(fn, *args, **kw):
+    out = {}
+
+    def run():
+        try:
+            out["r"] = fn(*args, **kw)
+        except Exception as e:  # the disconnecting client's timeout
+            out["e"] = e
+        out["done"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def wait_for(st, name, value, timeout=15.0, **labels):
+    url = f"{st.processor_admin_url}/metrics"
+    deadline = time.monotonic() + timeout
+    while metric_sum(url, name, **labels) < value:
+        assert time.monotonic() < deadline, f"{name}{labels} never reached {value}"
+        time.sleep(0.02)
+
+
+def test_queue_full_shapes_disconnects_and_priority_order(stack_factory, tmp_path):
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text(CONFIG)
+    st = stack_factory(cfg, workers=1, simulate=True, simulator_args=("--decode-tokens-per-s", "20"))
+    assert chat(st, "std").status_code == 200
+    queued = "adapter_qos_queue_requests_total"
+
+    holder = Holder(st)
+    holder.start()
+    assert holder.first.wait(15)
+    b, b_out = in_background(chat, st, "std")  # waits for the slot
+    wait_for(st, queued, 1, result="queued")
+    gone, gone_out = in_background(chat, st, "std", timeout=1.0)  # gives up while queued
+    wait_for(st, queued, 2, result="queued")
+
+    full = chat(st, "std")
+    assert full.status_code == 503, full.text
+    assert full.headers["retry-after"] == "4"
+    err = full.json()["error"]
+    assert err["code"] == "queue_full" and err["type"] and "llm" in err["message"]
+    shed = chat(st, "batch")
+    assert shed.status_code == 429, shed.text
+    assert shed.headers["retry-after"] == "4" and shed.json()["error"]["code"] == "overloaded"
+
+    gone.join(15)
+    assert isinstance(gone_out.get("e"), httpx.TimeoutException)
+    wait_for(st, queued, 1, result="cancelled")  # Envoy reset the side stream; it left the queue
+    holder.join(30)
+    b.join(30)
+    assert holder.status == 200 and b_out["r"].status_code == 200
+    assert chat(st, "std").status_code == 200  # no slot leaked: the limit is 1
+
+    # P0 after P2 in arrival, served first once the slot frees
+    holder = Holder(st, max_tokens=40)
+    holder.start()
+    assert holder.first.wait(15)
+    before = metric_sum(f"{st.processor_admin_url}/metrics", queued, result="queued")
+    low, low_out = in_background(chat, st, "batch")
+    wait_for(st, queued, before + 1, result="queued")
+    high, high_out = in_background(chat, st, "gold")
+    wait_for(st, queued, before + 2, result="queued")
+    for t in (holder, low, high):
+        t.join(30)
+    assert low_out["r"].status_code == 200 and high_out["r"].status_code == 200
+    assert high_out["done"] < low_out["done"]
+    metrics = httpx.get(f"{st.processor_admin_url}/metrics", timeout=5).text
+    assert 'adapter_qos_admission_limit{' in metrics and 'adapter_qos_queue_wait_seconds_bucket{' in metrics
