@@ -30,8 +30,12 @@ Which requests: those with a parsed inference request (`state.request`: OpenAI, 
 or an adapter LLM route's document) sent to a backend of kind `openai` or `vllm`; tensor and REST
 backends are not generative and get none. Bounded cardinality: every label value comes from the
 config or a small fixed set.
+Over OTLP too (`spec.otlpMetrics`, extproc/genai_otlp.py, docs/operations.md "GenAI metrics over
+OTLP"): the same values, recorded at the same point into a second sink, under the conventions' own
+names, units, boundaries and attributes.
 Cost: at `on_done`, off the request path: a few dict lookups and up to five buffered observations
-(`Pending`, written every 250 ms like the other request metrics); nothing per message.
+(`Pending`, written every 250 ms like the other request metrics); nothing per message. OTLP off: one
+None check more; on: up to five OpenTelemetry SDK histogram records (the export runs in its thread).
 """
 
 from __future__ import annotations
@@ -82,13 +86,41 @@ def estimate_output_tokens(state: RequestState) -> int | None:
     return chars // 4 if chars else None
 
 
-class GenAiObserver:
-    """Lifecycle observer recording the GenAI metrics of one worker (buffered in `pending`)."""
+class PrometheusSink:
+    """The `GenAiSink` of the Prometheus histograms (extproc/metrics.py): buffered in `pending`."""
+
+    __slots__ = ("metrics", "pending", "child")
 
     def __init__(self, metrics: Any, pending: Any, child: Any):
         self.metrics = metrics
         self.pending = pending
         self.child = child  # RequestObserver.child: the labelled children, cached
+
+    def duration(self, key: tuple, error: str, seconds: float) -> None:
+        self.pending.observe(self.child(self.metrics.genai_request_duration, *key, error), seconds)
+
+    def tokens(self, key: tuple, token_type: str, estimated: bool, count: int) -> None:
+        self.pending.observe(self.child(self.metrics.genai_token_usage, *key, token_type,
+                                        "true" if estimated else "false"), count)
+
+    def ttft(self, key: tuple, seconds: float) -> None:
+        self.pending.observe(self.child(self.metrics.genai_ttft, *key), seconds)
+
+    def tpot(self, key: tuple, seconds: float) -> None:
+        self.pending.observe(self.child(self.metrics.genai_tpot, *key), seconds)
+
+
+class GenAiObserver:
+    """Lifecycle observer recording the GenAI metrics of one worker: the one place their values are
+    worked out, recorded into each sink (the `GenAiSink` interface: `duration(key, error, s)`,
+    `tokens(key, token_type, estimated, n)`, `ttft(key, s)`, `tpot(key, s)`, where `key` is
+    (operation, provider, request model, server address, server port), "" for an absent value):
+    always the Prometheus sink, and `state.runtime.genai_otlp` when `spec.otlpMetrics` is on
+    (extproc/genai_otlp.py: the same values over OTLP; None when off, the one check per request)."""
+
+    def __init__(self, metrics: Any, pending: Any, child: Any):
+        self.prometheus = PrometheusSink(metrics, pending, child)
+        self._only = (self.prometheus,)
 
     def __call__(self, state: RequestState, outcome: Outcome) -> None:
         req = state.request
@@ -104,8 +136,9 @@ class GenAiObserver:
             model = "other"
         host, port = split_address((state.completion.upstream if state.completion is not None else None)
                                    or state.served or state.endpoint)
-        provider = target.kind
-        m, child, pending = self.metrics, self.child, self.pending
+        key = (operation, target.kind, model, host, port)
+        otlp = getattr(state.runtime, "genai_otlp", None)
+        sinks = self._only if otlp is None else (self.prometheus, otlp)
         c = state.completion
         duration = c.duration if c is not None and c.duration is not None else time.monotonic() - state.started
         ok = outcome is Outcome.OK
@@ -114,29 +147,30 @@ class GenAiObserver:
         else:
             status = (c.status if c is not None else None) or state.reply_status or 0
             error = str(status) if status >= 400 else outcome.value
-        pending.observe(child(m.genai_request_duration, operation, provider, model, host, port, error), duration)
+        for sink in sinks:
+            sink.duration(key, error, duration)
         if not ok:
             return
         usage = state.usage
         if usage is not None and (usage.prompt_tokens or usage.completion_tokens):
-            tokens_in, tokens_out, estimated = usage.prompt_tokens, usage.completion_tokens, "false"
+            tokens_in, tokens_out, estimated = usage.prompt_tokens, usage.completion_tokens, False
         else:
-            tokens_in, tokens_out, estimated = req.prompt_tokens_estimate(), estimate_output_tokens(state), "true"
-        if tokens_in:
-            pending.observe(child(m.genai_token_usage, operation, provider, model, host, port, "input", estimated),
-                            tokens_in)
-        if tokens_out:
-            pending.observe(child(m.genai_token_usage, operation, provider, model, host, port, "output", estimated),
-                            tokens_out)
+            tokens_in, tokens_out, estimated = req.prompt_tokens_estimate(), estimate_output_tokens(state), True
+        for sink in sinks:
+            if tokens_in:
+                sink.tokens(key, "input", estimated, tokens_in)
+            if tokens_out:
+                sink.tokens(key, "output", estimated, tokens_out)
         if not req.stream or state.first_body is None:
             return
         ttft = state.first_body - state.started
         if ttft < 0:
             return
-        pending.observe(child(m.genai_ttft, operation, provider, model, host, port), ttft)
-        if tokens_out and tokens_out > 1 and duration > ttft:
-            pending.observe(child(m.genai_tpot, operation, provider, model, host, port),
-                            (duration - ttft) / (tokens_out - 1))
+        tpot = (duration - ttft) / (tokens_out - 1) if tokens_out and tokens_out > 1 and duration > ttft else None
+        for sink in sinks:
+            sink.ttft(key, ttft)
+            if tpot is not None:
+                sink.tpot(key, tpot)
 
 
-__all__ = ["GenAiObserver", "split_address", "estimate_output_tokens", "ESTIMATED_EVENTS_ATTR"]
+__all__ = ["GenAiObserver", "PrometheusSink", "split_address", "estimate_output_tokens", "ESTIMATED_EVENTS_ATTR"]

@@ -24,6 +24,7 @@ the service's `RequestObserver`, buffered) and the worker's start time. Stages r
 | engine metrics per endpoint (queue, KV, LoRA; age) | `Runtime.signals` (`extproc/scheduling/signals.py`, a `MetricsScraper`) | worker lifetime; endpoints re-chosen on every install | no: each worker scrapes on its own |
 | concurrency limits and gateway queues per backend pool (`spec.qos.admission`) | `Runtime.admission` (`extproc/qos/queue.py`; slots in `<state_dir>/admission/`) | worker lifetime; pools still listed keep limit, queue and slots across reloads | the in-flight count yes (every worker's slot file summed); limit and queue per worker |
 | tracer provider (`spec.tracing`: OTLP export thread) | `Runtime.tracing` (`extproc/tracing.py`; None when off) | while the spec is unchanged; replaced or dropped by an install | no: each worker exports its own spans |
+| GenAI meter provider (`spec.otlpMetrics`: OTLP export thread) | `Runtime.genai_otlp` (`extproc/genai_otlp.py`; None when off) | while the spec is unchanged; replaced or dropped by an install | no: each worker exports its own metrics |
 | MQTT connections of iot routes (paho's network thread each) | `Runtime.mqtt` (`extproc/iot/client.py`) | while the broker's config is unchanged; made on first use | no: one connection per worker and broker |
 
 Engine signals: `signals` is the worker's one scraper. `install` sets its endpoints to
@@ -49,6 +50,7 @@ from typing import Any, Callable, Iterable
 from canary.feed import FeedObserver, FeedWriter
 from extproc.config.snapshot import ProfileRef
 from extproc.datalayer.inflight import InflightTable
+from extproc.genai_otlp import configure as configure_genai_otlp
 from extproc.iot.client import MqttClients
 from extproc.lifecycle import Lifecycle
 from extproc.qos.engine import QosRuntime, qos_of
@@ -93,6 +95,9 @@ class Runtime:
         # extproc/tracing.py: the worker's tracer provider for the installed snapshot's spec.tracing;
         # None when tracing is off (streams check it once: no span, no OpenTelemetry import)
         self.tracing: Any = None
+        # extproc/genai_otlp.py: the worker's meter provider for spec.otlpMetrics (the GenAI metrics over
+        # OTLP, recorded by extproc/genai.py); None when off (one check per finished request)
+        self.genai_otlp: Any = None
         # extproc/iot/client.py: this worker's MQTT connections (iot routes), kept while a broker's config
         # is unchanged, so a reload that changes only templates keeps the connection
         self.mqtt = MqttClients()
@@ -145,6 +150,8 @@ class Runtime:
         spec = getattr(snapshot, "spec", None)
         self.tracing = configure_tracing(self.tracing, getattr(getattr(spec, "spec", None), "tracing", None),
                                          self.worker)
+        self.genai_otlp = configure_genai_otlp(self.genai_otlp,
+                                               getattr(getattr(spec, "spec", None), "otlp_metrics", None), self.worker)
         if self._signals_started:
             self._apply_targets()
 
@@ -175,6 +182,16 @@ class Runtime:
                 await asyncio.wait_for(asyncio.to_thread(tracing.shutdown), tracing.spec.export_timeout + 1.0)
             except asyncio.TimeoutError:
                 log.warning("tracing: spans still queued at shutdown were not exported in time")
+
+    async def stop_genai_otlp(self) -> None:
+        """A last export of the GenAI metrics and stop the reader's thread, waiting at most the export
+        timeout (a dead collector must not hold up a worker's stop)."""
+        otlp, self.genai_otlp = self.genai_otlp, None
+        if otlp is not None:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(otlp.shutdown), otlp.spec.export_timeout + 1.0)
+            except asyncio.TimeoutError:
+                log.warning("otlpMetrics: the last export at shutdown did not finish in time")
 
     def _build(self, ref: Any) -> Any:
         from extproc.scheduling import plugin_types

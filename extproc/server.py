@@ -192,6 +192,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
         runtime.lifecycle.close()  # requests still open or waiting for Envoy's entry end here
         service.flush_metrics()
         await runtime.stop_tracing()  # queued spans exported, bounded by spec.tracing.exportTimeout
+        await runtime.stop_genai_otlp()  # the GenAI metrics' last OTLP export, bounded by its exportTimeout
         log.info("worker %d stopped", settings.index)
 
 

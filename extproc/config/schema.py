@@ -696,6 +696,21 @@ class TracingSpec(_Model):
         return v
 
 
+class OtlpMetricsSpec(_Model):
+    """`spec.otlpMetrics`: the GenAI metrics (OpenTelemetry semantic conventions, extproc/genai.py) exported
+    over OTLP/gRPC by every worker too (extproc/genai_otlp.py, docs/operations.md). Absent: Prometheus only."""
+    endpoint: str  # the collector's OTLP/gRPC "host:port" (plaintext)
+    interval: Annotated[Duration, Field(ge=0.1, le=3600)] = 15.0  # how often each worker exports
+    export_timeout: Annotated[Duration, Field(gt=0, le=600)] = 5.0  # per OTLP export call (off the event loop)
+    service_name: Annotated[str, Field(min_length=1, max_length=200)] = "adapter-gateway"  # + -processor
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        split_host_port(v)
+        return v
+
+
 CLASS_NAME = r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$"  # a priority class: P0, P1, interactive, batch
 
 
@@ -842,6 +857,7 @@ class GatewaySpec(_Model):
     bundles: tuple[BundleSpec, ...] = ()  # adapter bundles routes and rollout arms use (docs/canary.md)
     qos: QosSpec | None = None  # SLOs, priority classes, the glitch breaker (docs/qos.md)
     tracing: TracingSpec | None = None  # OpenTelemetry traces (docs/tracing.md); off when absent
+    otlp_metrics: OtlpMetricsSpec | None = None  # the GenAI metrics over OTLP too (docs/operations.md); off when absent
     brokers: tuple[BrokerSpec, ...] = ()  # MQTT brokers of iot routes (docs/iot-adapter.md)
 
     @model_validator(mode="after")
