@@ -181,6 +181,7 @@ class Supervisor:
         self._bundle_lock = threading.Lock()  # one adapter bundle load at a time
         self._restarts = {"rolling": 0}
         self.preload_limits: Any = None  # canary.preload.SandboxLimits (None: its defaults)
+        self.batch_control: Any = None  # extproc.qos.batch_control.BatchControlRuntime, once a config asks
 
     @property
     def feed_dir(self) -> str:
@@ -209,6 +210,7 @@ class Supervisor:
             for w in self.workers:
                 self._wait_ready(w, deadline)
             self._commit_rollouts(bundle.snapshot)
+            self._configure_batch_control(bundle.snapshot)
             if self.xds is not None:
                 self.xds.write(bundle.snapshot, len(self.workers))
             self._serve_admin()
@@ -256,6 +258,17 @@ class Supervisor:
                     retry_at = 0.0 if result.accepted else time.monotonic() + CANARY_RETRY
             except Exception:  # noqa: BLE001 - the loop must outlive one bad tick
                 log.exception("canary controller tick failed")
+
+    def _configure_batch_control(self, snapshot: "Snapshot") -> None:
+        """Run the batch controllers `spec.qos.batchControl` asks for (docs/qos.md "Batch policies"):
+        one thread per endpoint and model, here and not in the workers, so one per gateway acts."""
+        from extproc.qos.batch_control import BatchControlRuntime, plans_from
+
+        plans = plans_from(snapshot.spec.spec.qos, snapshot.backends)
+        if plans and self.batch_control is None:
+            self.batch_control = BatchControlRuntime()
+        if self.batch_control is not None:
+            self.batch_control.configure(plans)
 
     def canary_action(self, name: str, action: str, reason: str = "") -> dict[str, Any]:
         """An operator's action on a rollout's plan, applied at once (a republish)."""
@@ -603,6 +616,7 @@ class Supervisor:
             snap = self.snapshot
             errors = self._tell_workers(snap, timeout)
             self._commit_rollouts(snap)  # the plans' weights are live from now on
+            self._configure_batch_control(snap)
             refused = [e for e in errors if " refused generation " in e]
             if refused and self.xds is not None:
                 # a worker that could not load it would answer Envoy's new routes with config_mismatch:
@@ -674,6 +688,7 @@ class Supervisor:
                 "reloads": dict(self._reloads),
                 "last_refusal": self._last_refusal,
                 "state_dir": self.feed_dir,  # the workers' shared state (adapterctl logs -f reads it)
+                "batch_control": self.batch_control.status() if self.batch_control is not None else [],
             }
 
     # -- stop ------------------------------------------------------------------------------
@@ -699,6 +714,8 @@ class Supervisor:
             self._http = None
         if self.controller is not None:
             self.controller.close()
+        if self.batch_control is not None:
+            self.batch_control.stop()
         shutil.rmtree(self._metrics_dir, ignore_errors=True)
         if self._own_root:
             shutil.rmtree(self.bundle_root, ignore_errors=True)

@@ -821,6 +821,46 @@ class QosAdmissionSpec(_Model):
     fairness_window: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)] = 1.0
 
 
+class QosBriefBatchSpec(_Model):
+    """The brief's updateBatchSize (docs/qos.md "Batch policies"): ratio r < low -> base * (1 - (low - r)
+    * gain); r > high -> base * boost; else base; clamped to [minSize, maxSize]. Ratios are fractions."""
+    base: Annotated[int, Field(ge=1, le=4096)] = 32
+    low: Annotated[float, Field(gt=0, lt=1)] = 0.9
+    high: Annotated[float, Field(gt=0, lt=1)] = 0.95
+    gain: Annotated[float, Field(gt=0)] = 5.0
+    boost: Annotated[float, Field(ge=1)] = 1.5
+    min_size: Annotated[int, Field(ge=1, le=4096)] = 1
+    max_size: Annotated[int, Field(ge=1, le=4096)] = 4096
+
+
+class QosAimdBatchSpec(_Model):
+    """AIMD of max_batch_size (docs/qos.md "Batch policies"): + step after `hold` windows with attainment
+    >= target (a fraction), x factor on a violation (at most once per `cooldown` windows)."""
+    target: Annotated[float, Field(gt=0, le=1)] = 0.95
+    start: Annotated[int, Field(ge=1, le=4096)] | None = None  # default: maxSize
+    step: Annotated[int, Field(ge=1, le=4096)] = 2
+    factor: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    hold: Annotated[int, Field(ge=1, le=1000)] = 3
+    cooldown: Annotated[int, Field(ge=0, le=1000)] = 3
+    min_size: Annotated[int, Field(ge=1, le=4096)] = 1
+    max_size: Annotated[int, Field(ge=1, le=4096)] = 48
+
+
+class QosBatchControlSpec(_Model):
+    """A batch controller (docs/qos.md "Batch policies"): every `period` the supervisor reads the
+    attainment of `slo` (server time, a bound of the server's latency histogram) for `model` on each
+    endpoint of the onnxruntime `backend` and writes `policy`'s batch size through its admin endpoint,
+    holding the model's lease (`lease`) so one controller acts per endpoint."""
+    backend: Annotated[str, Field(min_length=1)]
+    model: Annotated[str, Field(min_length=1)]
+    policy: Literal["static", "brief", "aimd"] = "brief"
+    slo: Duration
+    period: Annotated[Duration, Field(ge=0.01, le=60)] = 0.1
+    lease: Annotated[Duration, Field(ge=0.05, le=60)] = 1.0
+    brief: QosBriefBatchSpec = QosBriefBatchSpec()
+    aimd: QosAimdBatchSpec = QosAimdBatchSpec()
+
+
 class QosSpec(_Model):
     """SLO-driven QoS (docs/qos.md): priority classes, SLOs and their attainment per window, the
     priority matrix, the glitch breaker. Absent: no route pays anything for it."""
@@ -836,6 +876,7 @@ class QosSpec(_Model):
     tenants: tuple[QosTenantSpec, ...] = ()
     matrix: QosMatrixSpec = QosMatrixSpec()
     breaker: QosBreakerSpec = QosBreakerSpec()
+    batch_control: tuple[QosBatchControlSpec, ...] = ()  # the supervisor's batch controllers (ONNX Runtime)
     admission: tuple[QosAdmissionSpec, ...] = ()  # pools with a concurrency limit and a gateway queue
 
 

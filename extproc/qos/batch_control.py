@@ -27,9 +27,11 @@ server arbitrates: a write carries `owner` and `lease_ms` (default 1000 ms) and 
 `_BatchingLeases`). A controller that gets 409 is a standby: it keeps reading (cheap) but writes
 nothing, and tries to take the lease again once the holder's lease could have expired; when the
 active one stops (or dies), its lease lapses and a standby takes over within one lease.
-Where it runs: a task of the supervisor would be the natural home (one per gateway, off every
-worker's request path, like the canary controller's thread); it is not wired into `spec.qos` yet
-(see docs/qos.md "Batch policies"): run it with `python -m extproc.qos.batch_control`.
+Where it runs: in the supervisor (`Supervisor.batch_control`, a `BatchControlRuntime`), one thread
+per (endpoint, model) declared in `spec.qos.batchControl`, reconfigured on every accepted reload
+(loops whose plan did not change keep running and keep their policy's state): one per gateway, off
+every worker's request path, like the canary controller's thread; workers never talk to the ORT
+admin endpoint. Standalone: `python -m extproc.qos.batch_control --server URL --model M`.
 Cost: per tick one GET /metrics (a few KB of text: about 1 ms of CPU in this process and as much in the
 server) and, when the setting changes, one POST; nothing per inference request.
 """
@@ -50,8 +52,8 @@ import httpx
 
 from extproc.qos.batch_policy import POLICIES, BatchSetting, Observation, make_policy
 
-__all__ = ["BatchControlRuntime", "BatchController", "ControlLoop", "LeaseHeld", "OrtBatchingClient",
-           "SLO_BUCKETS", "TickRecord"]
+__all__ = ["BatchControlRuntime", "BatchController", "BatchPlan", "ControlLoop", "LeaseHeld", "OrtBatchingClient",
+           "SLO_BUCKETS", "TickRecord", "check_batch_control", "plans_from"]
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,7 @@ class TickRecord:
 class BatchController:
     """One policy on one model of one server; `tick()` is one window. Not thread-safe: one caller."""
 
-    policy: Any
+    policy: Any  # a batch_policy policy, or None: made by `policy_factory` from the server's setting at start
     client: OrtBatchingClient
     slo_latency: float  # seconds; one of SLO_BUCKETS
     owner: str = field(default_factory=lambda: f"batch-control-{uuid.uuid4().hex[:12]}")
@@ -138,6 +140,7 @@ class BatchController:
     acting: bool = True
     applied: BatchSetting | None = None
     history: list[TickRecord] = field(default_factory=list)
+    policy_factory: Callable[[BatchSetting], Any] | None = None
     _prev: tuple[float, float] | None = None
     _written_at: float = -math.inf
     _retry_at: float = -math.inf
@@ -151,6 +154,10 @@ class BatchController:
 
     def start(self) -> None:
         """Take the lease and write the policy's initial setting; read the histogram's baseline."""
+        if self.policy is None:
+            assert self.policy_factory is not None, "a policy or a policy_factory"
+            first = next(iter(self.client.settings().values()))
+            self.policy = self.policy_factory(BatchSetting(first["max_batch_size"], first["max_queue_delay_us"]))
         self._prev = self.client.latency_counts(self.slo_latency)
         self._write(self.policy.initial(), self.clock())
 
@@ -214,10 +221,18 @@ class ControlLoop:
         self._thread = threading.Thread(target=self._run, name=f"batch-control-{controller.client.model}",
                                         daemon=True)
         self.errors = 0
+        self.started = False
         self.late = 0  # ticks skipped because the previous one ran past their due time
 
     def start(self) -> "ControlLoop":
-        self.controller.start()
+        """Start the controller (lease, initial setting) and the thread; a server that cannot be
+        reached yet is retried by the thread every period, so a gateway may start before its server."""
+        try:
+            self.controller.start()
+            self.started = True
+        except (httpx.HTTPError, ValueError, KeyError, StopIteration) as exc:
+            log.warning("batch control for %s on %s: not started yet (%s); retrying every %g s",
+                        self.controller.client.model, self.controller.client.base_url, exc, self.period)
         self._thread.start()
         return self
 
@@ -226,8 +241,12 @@ class ControlLoop:
         k = 1
         while not self._stop.wait(max(0.0, start + k * self.period - time.monotonic())):
             try:
-                self.controller.tick()
-            except (httpx.HTTPError, ValueError, KeyError) as exc:
+                if not self.started:
+                    self.controller.start()
+                    self.started = True
+                else:
+                    self.controller.tick()
+            except (httpx.HTTPError, ValueError, KeyError, StopIteration) as exc:
                 self.errors += 1
                 log.warning("batch control tick failed: %s", exc)
             k += 1
@@ -239,14 +258,94 @@ class ControlLoop:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self.controller.stop()
+        if self.started:
+            self.controller.stop()
+        self.controller.client.close()
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One controller to run: compiled from `spec.qos.batchControl[]` for one endpoint of its backend."""
+
+    backend: str
+    base_url: str
+    model: str
+    policy: str
+    slo: float  # seconds
+    period: float  # seconds
+    lease_ms: int
+    params: tuple[tuple[str, Any], ...]  # the policy's parameters (batch_policy field names)
+
+    def loop(self, owner: str) -> ControlLoop:
+        params = dict(self.params)
+        ctl = BatchController(None, OrtBatchingClient(self.base_url, self.model), self.slo, owner=owner,
+                              lease_ms=self.lease_ms,
+                              policy_factory=lambda configured: make_policy(self.policy, configured, **params))
+        return ControlLoop(ctl, self.period)
+
+
+_BRIEF_FIELDS = ("base", "low", "high", "gain", "boost", "min_size", "max_size")
+_AIMD_FIELDS = ("target", "start", "step", "factor", "hold", "cooldown", "min_size", "max_size")
+
+
+def _params(spec: Any) -> tuple[tuple[str, Any], ...]:
+    if spec.policy == "brief":
+        return tuple((f, getattr(spec.brief, f)) for f in _BRIEF_FIELDS)
+    if spec.policy == "aimd":
+        return tuple((f, getattr(spec.aimd, f)) for f in _AIMD_FIELDS if getattr(spec.aimd, f) is not None)
+    return ()
+
+
+def check_batch_control(specs: Any, backends: Any, issue: Callable[[tuple, str], None]) -> None:
+    """Validate `spec.qos.batchControl` (schema.QosBatchControlSpec items) at their field paths."""
+    seen: set[tuple[str, str]] = set()
+    for i, s in enumerate(specs):
+        where = ("spec", "qos", "batchControl", i)
+        backend = backends.get(s.backend)
+        if backend is None:
+            issue(where + ("backend",), f"unknown backend {s.backend!r} (backends: {', '.join(backends) or 'none'})")
+        elif backend.kind != "onnxruntime":
+            issue(where + ("backend",), f"backend {s.backend!r} is of kind {backend.kind}: batch control drives "
+                  "our ONNX Runtime server's admin endpoint (kind onnxruntime)")
+        elif backend.models and s.model not in backend.models:
+            issue(where + ("model",), f"backend {s.backend!r} does not serve model {s.model!r} "
+                  f"(models: {', '.join(backend.models)})")
+        if (s.backend, s.model) in seen:
+            issue(where, f"model {s.model!r} of backend {s.backend!r} has a batch controller already "
+                  "(one controller per endpoint and model)")
+        seen.add((s.backend, s.model))
+        if not any(math.isclose(s.slo, b, rel_tol=1e-9) for b in SLO_BUCKETS):
+            issue(where + ("slo",), f"{s.slo * 1000:g} ms is not a bucket bound of the server's "
+                  f"ort_request_time_seconds (ms: {', '.join(f'{b * 1000:g}' for b in SLO_BUCKETS)})")
+        try:
+            make_policy(s.policy, BatchSetting(32, 1000), **dict(_params(s)))
+        except ValueError as exc:
+            field_, _, reason = str(exc).partition(": ")
+            name = field_.split("/")[0]
+            issue(where + (s.policy, re.sub(r"_(\w)", lambda m: m.group(1).upper(), name)), reason or str(exc))
+
+
+def plans_from(qos_spec: Any, backends: Any) -> tuple[BatchPlan, ...]:
+    """The controllers a validated config asks for: one per endpoint of each entry's backend."""
+    if qos_spec is None:
+        return ()
+    out = []
+    for s in qos_spec.batch_control:
+        backend = backends[s.backend]
+        for host, port in backend.endpoints:
+            url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            out.append(BatchPlan(s.backend, url, s.model, s.policy, s.slo, s.period, max(1, round(s.lease * 1000)),
+                                 _params(s)))
+    return tuple(out)
 
 
 class BatchControlRuntime:
     """The long-lived controllers of one process, at most one per (server, model)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner_prefix: str = "gateway") -> None:
         self.loops: dict[tuple[str, str], ControlLoop] = {}
+        self.plans: dict[tuple[str, str], BatchPlan] = {}
+        self.owner = f"{owner_prefix}-{uuid.uuid4().hex[:8]}"  # one per process: replicas differ
 
     def add(self, loop: ControlLoop) -> ControlLoop:
         key = (loop.controller.client.base_url, loop.controller.client.model)
@@ -256,10 +355,34 @@ class BatchControlRuntime:
         self.loops[key] = loop
         return loop.start()
 
+    def configure(self, plans: tuple[BatchPlan, ...]) -> None:
+        """Run exactly `plans`: unchanged ones keep running (and their policy's state), others stop or start."""
+        wanted = {(p.base_url, p.model): p for p in plans}
+        for key in list(self.loops):
+            if self.plans.get(key) != wanted.get(key):
+                self.loops.pop(key).stop()
+                self.plans.pop(key, None)
+        for key, plan in wanted.items():
+            if key not in self.loops:
+                self.plans[key] = plan
+                self.add(plan.loop(f"{self.owner}-{plan.backend}"))
+
+    def status(self) -> list[dict[str, Any]]:
+        out = []
+        for (url, model), loop in self.loops.items():
+            ctl = loop.controller
+            last = ctl.history[-1] if ctl.history else None
+            out.append({"server": url, "model": model, "policy": getattr(ctl.policy, "name", None),
+                        "acting": ctl.acting and loop.started, "started": loop.started,
+                        "applied": None if ctl.applied is None else ctl.applied.as_body(),
+                        "attainment": None if last is None else last.attainment, "errors": loop.errors})
+        return out
+
     def stop(self) -> None:
         for loop in self.loops.values():
             loop.stop()
         self.loops.clear()
+        self.plans.clear()
 
 
 def main(argv: list[str] | None = None) -> int:

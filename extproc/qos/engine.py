@@ -154,6 +154,9 @@ def compile_qos(spec: Any, route_names: Mapping[str, int], tenant_ids: set[str],
         if cls(n, base + ("matrix", "applyTo", i)) is not None:
             applies.add(n)
     b = spec.breaker
+    from extproc.qos.batch_control import check_batch_control  # the supervisor runs them (batch_control.py)
+
+    check_batch_control(spec.batch_control, backends, issue)
     return QosConfig(
         window=spec.window, classes=MappingProxyType(classes), default=default,
         objectives=MappingProxyType(dict(spec.objectives)), engine_backends=frozenset(spec.engine_priority),

@@ -160,3 +160,105 @@ def test_bad_parameters_are_named(server: Server, client) -> None:
         ControlLoop(BatchController(StaticPolicy(BatchSetting(1, 0)), client, slo_latency=0.005), period=0)
     r = httpx.post(f"{server.base}/admin/models/{MODEL}/batching", json={"owner": "x", "lease_ms": -1}, timeout=5)
     assert r.status_code == 400 and "lease_ms" in r.json()["error"]
+
+
+# -- spec.qos.batchControl: validated once, compiled into plans the supervisor runs ---------------------
+
+BASE = """
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: q}
+spec:
+  backends:
+    - {name: ort, kind: onnxruntime, endpoints: ["127.0.0.1:%d"], models: [fraud-mlp]}
+    - {name: llm, endpoints: ["127.0.0.1:9"], models: [m]}
+  routes: [{path: /v1/fraud, kind: kserve, name: fraud, target: ort, model: fraud-mlp}]
+  qos:
+    batchControl:
+"""
+
+
+def refusal(entries: str) -> str:
+    from extproc.config.loader import ConfigError, load_text
+
+    with pytest.raises(ConfigError) as e:
+        load_text(BASE % 8000 + entries, "q.yaml")
+    return str(e.value)
+
+
+@pytest.mark.parametrize("entry, where, reason", [
+    ("{backend: nope, model: fraud-mlp, slo: 5ms}", "spec.qos.batchControl[0].backend", "unknown backend 'nope'"),
+    ("{backend: llm, model: m, slo: 5ms}", "spec.qos.batchControl[0].backend", "is of kind openai"),
+    ("{backend: ort, model: other, slo: 5ms}", "spec.qos.batchControl[0].model", "does not serve model 'other'"),
+    ("{backend: ort, model: fraud-mlp, slo: 7ms}", "spec.qos.batchControl[0].slo", "7 ms is not a bucket bound"),
+    ("{backend: ort, model: fraud-mlp, slo: 5ms, policy: brief, brief: {low: 0.96, high: 0.95}}",
+     "spec.qos.batchControl[0].brief.low", "need 0 < low <= high < 1"),
+    ("{backend: ort, model: fraud-mlp, slo: 5ms, aimd: {target: 95}}", "spec.qos.batchControl[0].aimd.target",
+     "less than or equal to 1"),
+    ("{backend: ort, model: fraud-mlp, slo: 5ms, policy: pid}", "spec.qos.batchControl[0].policy", "static"),
+])
+def test_bad_batch_control_config_is_refused_at_its_field(entry: str, where: str, reason: str) -> None:
+    text = refusal(f"      - {entry}\n")
+    assert where in text and reason in text and "q.yaml:" in text, text
+
+
+def test_two_controllers_for_one_model_are_refused() -> None:
+    text = refusal("      - {backend: ort, model: fraud-mlp, slo: 5ms}\n"
+                   "      - {backend: ort, model: fraud-mlp, slo: 10ms, policy: aimd}\n")
+    assert "spec.qos.batchControl[1]" in text and "one controller per endpoint and model" in text, text
+
+
+def test_plans_from_a_compiled_config_drive_the_server(server: Server, client) -> None:
+    from extproc.config.loader import load_text
+    from extproc.qos.batch_control import plans_from
+
+    snap = load_text(BASE % server.http_port + "      - {backend: ort, model: fraud-mlp, slo: 5s, policy: aimd,"
+                     " period: 50ms, aimd: {start: 6, step: 1, hold: 1, maxSize: 40}}\n", "q.yaml")
+    plans = plans_from(snap.spec.spec.qos, snap.backends)
+    assert len(plans) == 1 and plans[0].base_url == server.base and plans[0].period == 0.05
+    rt = BatchControlRuntime()
+    try:
+        rt.configure(plans)
+        assert client.settings()["1"]["max_batch_size"] == 6  # the plan's start, delay from the server (1000)
+        infer(server, 20)  # each 50 ms window with requests meets 5 s: +1 per window
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and client.settings()["1"]["max_batch_size"] == 6:
+            time.sleep(0.05)
+        now = client.settings()["1"]
+        assert now["max_batch_size"] > 6 and now["max_queue_delay_us"] == 1000
+        assert now["owner"] == f"{rt.owner}-ort"
+        loop = next(iter(rt.loops.values()))
+        rt.configure(plans)  # a reload with the same plan keeps the loop (and the policy's state)
+        assert next(iter(rt.loops.values())) is loop
+        assert rt.status()[0]["policy"] == "aimd" and rt.status()[0]["acting"] is True
+        rt.configure(())  # a reload without it stops it and gives the lease back
+        assert rt.loops == {} and client.settings()["1"]["owner"] is None
+    finally:
+        rt.stop()
+
+
+def test_the_supervisor_runs_the_declared_controller_and_a_reload_removes_it(server: Server, client,
+                                                                              tmp_path) -> None:
+    from extproc.stack import free_port, free_port_block
+    from extproc.supervisor import Supervisor
+
+    head = BASE % server.http_port
+    config = tmp_path / "gw.yaml"
+    config.write_text(head + "      - {backend: ort, model: fraud-mlp, slo: 5ms, policy: static}\n")
+    sup = Supervisor(str(config), "127.0.0.1", free_port_block(1), 1, free_port(), shutdown_grace=1.0,
+                     state_dir=str(tmp_path / "state"))
+    sup.start()
+    try:
+        owner = client.settings()["1"]["owner"]
+        assert owner is not None and owner.startswith("gateway-") and owner.endswith("-ort")
+        state = sup.config_state()["batch_control"]
+        assert [(s["server"], s["model"], s["policy"], s["acting"]) for s in state] == [
+            (server.base, MODEL, "static", True)]
+        with pytest.raises(LeaseHeld):  # a second gateway's controller (or an operator) is refused
+            client.apply(BatchSetting(2, 0))
+        config.write_text(head.replace("    batchControl:\n", "    window: 100ms\n"))
+        assert sup.reload().accepted
+        assert sup.config_state()["batch_control"] == []
+        assert client.settings()["1"]["owner"] is None
+    finally:
+        sup.stop()
