@@ -9,8 +9,14 @@ too many requests are let in (the engine's `--max-num-seqs` is full and requests
 Formula, per batch of `samples` TTFT samples (queue time in the gateway excluded: from admission to
 the first response body, streamed requests only):
     sampleRTT = mean of the batch's TTFTs
-    minRTT    = the smallest sampleRTT of the last `minRttWindow` seconds (two buckets of that length:
-                a minimum that forgets, so a backend that became slower for good is re-learnt)
+    minRTT    = the smallest sampleRTT of the last `minRttWindow` seconds (two buckets of that length: a
+                minimum that forgets, so a backend that became slower for good is re-learnt), where only
+                uncongested batches (peak in-flight <= max(minLimit, limit / 2)) may replace a forgotten
+                minimum: congested ones can only lower it. Under sustained overload the minimum is kept
+                (no ratchet from one overloaded window to the next). The price: a backend that became
+                slower for good while saturated keeps a lower limit until the load eases to half the limit
+                for a batch (Envoy instead pins concurrency to its minimum periodically to re-measure; with
+                LLM requests holding slots for seconds of decoding that pause would cost too much)
     gradient  = clamp(tolerance * minRTT / sampleRTT, 0.5, 1)
     headroom  = sqrt(limit)                  (the queue-size term: room to probe above the current use)
                 0 when the batch never used half the limit (an app-limited pool does not grow)
@@ -90,24 +96,30 @@ class GradientLimiter:
         self.update(rtt, peak)
         return True
 
-    def _min_rtt(self, rtt: float) -> float:
+    def _min_rtt(self, rtt: float, uncongested: bool) -> float:
         bucket = int(self.clock() // self.params.min_rtt_window)
-        if self._bucket is None or bucket > self._bucket + 1:
-            self._mins = [math.inf, math.inf]
+        if self._bucket is None:
+            self._bucket = bucket
         elif bucket == self._bucket + 1:
             self._mins = [self._mins[1], math.inf]
+        elif bucket > self._bucket + 1:
+            self._mins = [math.inf, math.inf]
         self._bucket = bucket
-        if rtt < self._mins[1]:
+        # a batch run with the pool congested may only lower the minimum: were it to replace a forgotten
+        # one, each window would start from an overloaded TTFT and the limit would ratchet up
+        if (uncongested or self.min_rtt is None or rtt < self.min_rtt) and rtt < self._mins[1]:
             self._mins[1] = rtt
-        self.min_rtt = min(self._mins)
-        return self.min_rtt
+        m = min(self._mins)
+        if m < math.inf:
+            self.min_rtt = m
+        return self.min_rtt if self.min_rtt is not None else rtt
 
     def update(self, sample_rtt: float, peak_inflight: int) -> float:
         """The formula of the module docstring for one batch; returns the new limit value."""
         p = self.params
-        min_rtt = self._min_rtt(sample_rtt)
-        self.last_sample_rtt = sample_rtt
         limit = self.value
+        min_rtt = self._min_rtt(sample_rtt, peak_inflight <= max(p.min_limit, limit / 2))
+        self.last_sample_rtt = sample_rtt
         gradient = 1.0 if sample_rtt <= 0 else max(0.5, min(1.0, p.tolerance * min_rtt / sample_rtt))
         headroom = math.sqrt(limit) if peak_inflight * 2 >= limit else 0.0
         new = limit * gradient + headroom

@@ -80,16 +80,46 @@ def test_converges_near_the_engines_capacity_and_follows_it():
     assert 8 <= min(limits[-100:]) and max(limits[-100:]) <= 11, limits[-10:]
 
 
-def test_min_rtt_forgets_after_two_windows():
+def test_min_rtt_forgets_after_two_windows_only_for_uncongested_batches():
     clock = Clock()
-    lim = GradientLimiter(LimiterParams(samples=1, min_rtt_window=10.0), clock)
-    lim.sample(0.05, 8)
+    lim = GradientLimiter(LimiterParams(initial=8, samples=1, min_rtt_window=10.0), clock)
+    lim.sample(0.05, 1)
     clock.t = 15.0
     lim.sample(0.2, 8)
     assert lim.min_rtt == pytest.approx(0.05)  # previous bucket still counts
     clock.t = 25.0
-    lim.sample(0.2, 8)
-    assert lim.min_rtt == pytest.approx(0.2)  # a backend slower for good is re-learnt
+    lim.sample(0.3, 8)  # congested (8 in flight, limit 8): may not replace the forgotten minimum
+    assert lim.min_rtt == pytest.approx(0.05)
+    lim.sample(0.2, 1)
+    assert lim.min_rtt == pytest.approx(0.2)  # an uncongested batch re-learns a backend slower for good
+
+
+def test_sustained_overload_over_many_windows_does_not_ratchet_the_limit_up():
+    clock = Clock()
+    lim = GradientLimiter(LimiterParams(initial=4, max_limit=1000, min_rtt_window=1.0), clock)
+    limits = drive(lim, clock, max_num_seqs=16, batches=2000)  # 160 s of saturation: 80 minimum windows
+    assert 16 <= min(limits[-500:]) and max(limits[-500:]) <= 20, limits[-10:]
+
+
+def test_a_backend_slower_for_good_is_relearnt_once_the_load_eases():
+    clock = Clock()
+    lim = GradientLimiter(LimiterParams(initial=4, max_limit=1000, min_rtt_window=1.0), clock)
+    drive(lim, clock, max_num_seqs=16, batches=300)
+
+    def feed(batches, offered):
+        for _ in range(batches):
+            inflight = min(lim.limit, offered)
+            for _ in range(lim.params.samples):
+                clock.t += 0.01
+                lim.sample(4 * engine_ttft(inflight, 16), inflight)  # every request prefills 4x slower
+
+    feed(500, 1000)
+    assert lim.min_rtt == pytest.approx(engine_ttft(1, 16))  # saturated: the old minimum is kept ...
+    assert lim.limit < 16  # ... and the limit is too low for the engine's 16 slots
+    feed(100, 1)  # a quiet spell: uncongested batches re-learn the minimum
+    assert lim.min_rtt == pytest.approx(4 * engine_ttft(1, 16))
+    feed(500, 1000)
+    assert lim.limit >= 16  # back at the engine's capacity
 
 
 def test_configure_keeps_what_was_learnt():
