@@ -22,7 +22,9 @@ Endpoints
     ``RECEIVED_KEPT`` requests received, oldest first, as ``{"requests": [...]}``,
     each with ``method``, ``path`` and ``body_bytes``, and, once a generation or
     embedding request reached its engine, the ``model`` and the ``priority`` the
-    engine queued it with.  Lets a test see what a gateway forwarded.
+    engine queued it with.  Lets a test see what a gateway forwarded (requests
+    with an ``x-adapter-probe`` header, the gateway's own protocol-negotiation
+    probes, extproc/negotiate.py, are not recorded).
     ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path", "load_inplace"?}``
     and ``POST /v1/unload_lora_adapter`` ``{"lora_name"}``: vLLM's runtime LoRA
     API (vLLM serves it with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; here it
@@ -1024,7 +1026,8 @@ class SimulatorApp:
             started = True
             await send(message)
 
-        if not scope["path"].startswith("/simulator/"):
+        probe = any(k == b"x-adapter-probe" for k, _ in scope.get("headers", ()))  # the gateway's own probes
+        if not scope["path"].startswith("/simulator/") and not probe:
             entry = {"method": scope["method"], "path": scope["path"], "body_bytes": len(body)}
             self.received.append(entry)
             _RECEIVED.set(entry)

@@ -19,9 +19,10 @@ meets for the first time on a request before that finished (the request waits, b
 every `GET /health/adapter?probe=protocol-negotiation` it answers, which reports the result; a
 backend none of whose endpoints answered is tried again (in the background) when a request needs it
 `RETRY_DOWN` seconds later.
-State: a `Negotiator` per worker, in `Runtime.cache("negotiation")` (worker lifetime; keyed by the
-backend's name, endpoints and dialect config, so a reload that changes them negotiates again).
-Each worker negotiates on its own.
+State: a `Negotiator` per worker, in `Runtime.cache("negotiation")` (worker lifetime): what each
+endpoint answered, by address and protocol (an endpoint is probed once, except by health checks:
+a reload that adds endpoints, or another backend on the same server, probes only what is new), and
+each backend's joined dialect, by name, endpoints and dialect config. Each worker negotiates on its own.
 Cost: about 8 small requests per endpoint (7 of at most 8 generated tokens), off the request path;
 a request waits only for a backend never negotiated yet, at most `REQUEST_WAIT` seconds.
 """
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 NEGOTIATING_KINDS = frozenset({"openai", "vllm"})
 PROBE_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 PROBE_MESSAGES = [{"role": "user", "content": "Is this service up? Answer in JSON."}]
+# every probe says what it is (servers' logs; our simulator leaves probes out of its request record)
+PROBE_HEADERS = {"x-adapter-probe": "protocol-negotiation", "user-agent": "adapter-gateway-negotiation"}
 STARTUP_TIMEOUT = 10.0  # per endpoint, at start-up and on a first request's behalf
 REQUEST_WAIT = 0.5  # how long a request waits for its backend's first negotiation
 RETRY_DOWN = 10.0  # a backend none of whose endpoints answered is negotiated again after this long
@@ -142,7 +145,7 @@ async def negotiate_endpoint(host: str, port: int, protocol: str, timeout: float
     out: dict[str, Any] = {"address": address}
     started = time.perf_counter()
     try:
-        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=timeout,
+        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=timeout, headers=PROBE_HEADERS,
                                      http1=protocol != "grpc", http2=protocol == "grpc") as client:
             async with asyncio.timeout(timeout):
                 models = await client.get("/v1/models")
@@ -191,7 +194,9 @@ class Negotiator:
     def __init__(self) -> None:
         self._results: dict[tuple, Negotiated] = {}
         self._tasks: dict[tuple, asyncio.Task] = {}
-        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        # (host, port, protocol) -> (when, monotonic; what it answered)
+        self._endpoints: dict[tuple[str, int, str], tuple[float, dict]] = {}
+        self._locks: dict[tuple[str, int, str], asyncio.Lock] = {}
 
     @staticmethod
     def _key(backend: Any) -> tuple:
@@ -220,17 +225,18 @@ class Negotiator:
             if negotiates(b):
                 self._task(b, timeout)
 
-    def _task(self, backend: Any, timeout: float) -> asyncio.Task:
+    def _task(self, backend: Any, timeout: float, fresh: bool = False) -> asyncio.Task:
         key = self._key(backend)
         task = self._tasks.get(key)
         if task is None or task.done():
-            task = self._tasks[key] = asyncio.get_running_loop().create_task(self._run(backend, key, timeout))
+            task = self._tasks[key] = asyncio.get_running_loop().create_task(
+                self._run(backend, key, timeout, fresh))
         return task
 
-    async def _run(self, backend: Any, key: tuple, timeout: float) -> Negotiated:
+    async def _run(self, backend: Any, key: tuple, timeout: float, fresh: bool) -> Negotiated:
         config = dialect_config(backend)
         base = config.base(backend.kind)
-        results = list(await asyncio.gather(*(self._endpoint(h, p, backend.protocol, timeout)
+        results = list(await asyncio.gather(*(self._endpoint(h, p, backend.protocol, timeout, fresh)
                                               for h, p in backend.endpoints)))
         joined = join(results, base)
         previous = self._results.get(key)
@@ -242,19 +248,36 @@ class Negotiator:
         if previous is None or previous.dialect != got.dialect:
             log.info("backend %s: dialect %s (%s)", backend.name, got.dialect.as_dict(), got.source)
         self._results[key] = got
-        if len(self._results) > 256:  # backends of old snapshots
-            self._results.pop(next(iter(self._results)))
+        for cache in (self._results, self._endpoints):
+            while len(cache) > 1024:  # backends and endpoints of old snapshots
+                cache.pop(next(iter(cache)))
         self._tasks.pop(key, None)
         return got
 
-    async def _endpoint(self, host: str, port: int, protocol: str, timeout: float) -> dict[str, Any]:
-        """One endpoint at a time: backends sharing a server are negotiated one after the other (a
-        request cuts a running stream short on some servers, and probes should not pile up)."""
-        lock = self._locks.get((host, port))
+    async def _endpoint(self, host: str, port: int, protocol: str, timeout: float, fresh: bool) -> dict[str, Any]:
+        """What one endpoint answered: learned once per endpoint (a backend that gains an endpoint, or
+        another backend on the same server, probes only what is new), again when `fresh` (health checks)
+        or when it did not answer. One probe of an endpoint at a time: a request cuts a running stream
+        short on some servers, and probes should not pile up."""
+        ep = (host, port, protocol)
+        started = time.monotonic()
+        if self._usable(ep, fresh, started):
+            return self._endpoints[ep][1]
+        lock = self._locks.get(ep)
         if lock is None:
-            lock = self._locks[(host, port)] = asyncio.Lock()
+            lock = self._locks[ep] = asyncio.Lock()
         async with lock:
-            return await negotiate_endpoint(host, port, protocol, timeout)
+            if self._usable(ep, fresh, started):  # learned while we waited (another backend, same server)
+                return self._endpoints[ep][1]
+            result = await negotiate_endpoint(host, port, protocol, timeout)
+            self._endpoints[ep] = (time.monotonic(), result)
+            return result
+
+    def _usable(self, ep: tuple, fresh: bool, since: float) -> bool:
+        known = self._endpoints.get(ep)
+        if known is None:
+            return False
+        return known[0] >= since if fresh else known[1].get("status") == "ok"
 
     async def ready(self, backend: Any, wait: float = REQUEST_WAIT) -> Dialect:
         """The dialect for a request: waits (at most `wait`) for a first negotiation of `backend`."""
@@ -274,7 +297,7 @@ class Negotiator:
             source = "config" if backend.kind in NEGOTIATING_KINDS else "not applicable"
             return {**config.base(backend.kind).as_dict(), "source": source} if source == "config" else \
                 {"source": source}
-        task = self._task(backend, timeout)
+        task = self._task(backend, STARTUP_TIMEOUT, fresh=True)  # the wait is bounded, not the negotiation
         try:
             got = await asyncio.wait_for(asyncio.shield(task), timeout + 0.05)
         except TimeoutError:

@@ -212,7 +212,10 @@ class DialectSpec(_Model):
     preset: Literal["openai", "vllm", "llamacpp", "sglang", "ollama"] | None = None
     structured_output: Literal["json_schema", "json_object_schema", "structured_outputs", "guided_json",
                                "sglang_json_schema", "ollama_format", "prompt"] | None = None
-    stream_usage: Literal["yes", "no", "refused"] | None = None
+    # YAML 1.1 reads an unquoted yes/no as a boolean: taken as the word
+    stream_usage: Annotated[Literal["yes", "no", "refused"],
+                            BeforeValidator(lambda v: {True: "yes", False: "no"}.get(v, v) if isinstance(v, bool)
+                                            else v)] | None = None
     priority: Literal["honoured", "ignored", "refused"] | None = None
     lora: Literal["runtime", "none"] | None = None
 

@@ -7,7 +7,8 @@ answered, and per route with an output schema how it is asked for: `structured_o
 all are ok, 503 with `failed` naming what is not (a backend down, a route whose backend cannot
 constrain output and whose policy is to refuse); `probe=processor` checks only the processor. When the processor itself is
 down, Envoy answers 503 instead (the route fails closed).
-Cost: bounded by the probe timeout (0.5 s), which stays under Envoy's message timeout.
+Cost: bounded by the probe timeout (0.5 s) plus the negotiation's wait (0.3 s, after the probes),
+which stays under Envoy's message timeout (1 s by default).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ PROBES = ("protocol-negotiation", "processor")
 class Health:
     name = "health"
 
-    def __init__(self, timeout: float = 0.5):
+    def __init__(self, timeout: float = 0.5, negotiate_timeout: float = 0.3):
         self.timeout = timeout
+        self.negotiate_timeout = negotiate_timeout  # longer: the previous result, the negotiation goes on
         self.started = time.time()  # without a runtime (unit tests); the runtime's outlives reloads
 
     async def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict:
@@ -54,10 +56,11 @@ class Health:
             # what each OpenAI-compatible backend accepts (its dialect), kept in the worker's runtime
             # (without one, in unit tests of this stage, nothing is negotiated)
             negotiating = negotiator(state.runtime)
-            results, dialects = await asyncio.gather(
-                asyncio.gather(*(probe_backend(snap.backends[n], self.timeout) for n in names)),
-                asyncio.gather(*(negotiating.negotiate(snap.backends[n], self.timeout) for n in names
-                                 if state.runtime is not None)))
+            # the probes first, then the negotiation (not at the same time: a single-threaded server
+            # would answer the probe late), within what is left of Envoy's message timeout
+            results = await asyncio.gather(*(probe_backend(snap.backends[n], self.timeout) for n in names))
+            dialects = await asyncio.gather(*(negotiating.negotiate(snap.backends[n], self.negotiate_timeout)
+                                              for n in names if state.runtime is not None))
             dialects = dialects or [{"source": "not applicable"}] * len(names)
             for r, d in zip(results, dialects):
                 if d.get("source") != "not applicable":

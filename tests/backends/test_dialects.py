@@ -173,3 +173,10 @@ def test_a_backend_can_what_all_its_answering_endpoints_can():
                   {"address": "c", "status": "down", "error": "refused"}], base)
     assert mixed == Dialect("prompt", "no", "ignored", "none", "mixed")  # endpoints disagree: the safe side
     assert join([{"address": "a", "status": "down"}], base) is None
+
+
+def test_unquoted_yes_and_no_are_the_words():
+    """YAML 1.1 reads `no` as false; `streamUsage: no` means the word."""
+    for word in ("yes", "no"):
+        backend = load_text(gateway(backend_extra=f"""      dialect: {{streamUsage: {word}}}""")).backends["llm"]
+        assert backend.dialect.stream_usage == word
