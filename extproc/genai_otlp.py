@@ -26,7 +26,9 @@ Why: one recording point (GenAiObserver works the values out once, each sink rec
 the OTLP and the Prometheus numbers cannot drift apart.
 Cost: off (no `spec.otlpMetrics`): `Runtime.genai_otlp` is None, one check per finished request,
 no OpenTelemetry object or import. On: per finished request up to five SDK histogram records
-(a lock and a bucket search each; the attribute dicts are built once per label set and kept);
+(the SDK hashes the attributes, takes a lock and searches the buckets: about 8 us each measured on the
+2-core development machine, 40 us per request against 5 us for the Prometheus side; no exemplars;
+our attribute dicts are built once per label set and kept);
 collection and export run in the reader's thread, off the event loop. A dead collector costs the
 requests nothing: the exporter retries within `exportTimeout` in that thread, then drops the batch
 (cumulative temporality: the next export that reaches a collector carries the totals again).
@@ -62,7 +64,7 @@ class GenAiOtlp:
     """The worker's meter provider for one `OtlpMetricsSpec`, and the `GenAiSink` recording into it."""
 
     def __init__(self, spec: Any, worker: int = 0, exporter: Any = None):
-        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
         from opentelemetry.sdk.resources import Resource
@@ -80,7 +82,9 @@ class GenAiOtlp:
                  for name, _, _, bounds in INSTRUMENTS]
         self.reader = PeriodicExportingMetricReader(exporter, export_interval_millis=spec.interval * 1000,
                                                     export_timeout_millis=spec.export_timeout * 1000)
-        self.provider = MeterProvider(metric_readers=[self.reader], resource=resource, views=views)
+        # no exemplars: they would cost a context lookup per record, and these records run after the request
+        self.provider = MeterProvider(metric_readers=[self.reader], resource=resource, views=views,
+                                      exemplar_filter=AlwaysOffExemplarFilter())
         meter = self.provider.get_meter(SCOPE)
         self._duration, self._ttft, self._tpot, self._tokens = (
             meter.create_histogram(name, unit=unit, description=desc) for name, unit, desc, _ in INSTRUMENTS)
