@@ -268,3 +268,25 @@ def test_pipeline_gets_the_stage_before_dispatch_only_for_listed_pools():
     assert names.count("qos-queue") == 2  # bodiless requests are admitted at headers, the others at the body
     off = load_text(CONFIG.format(admission="      - {backend: llm, enabled: false}"), "q.yaml")
     assert "qos-queue" not in [s.name for s in off.routes["api"].pipeline.stages]
+
+
+def test_a_reload_keeps_the_learnt_limit_the_queue_and_slots_and_a_removed_pool_lets_its_waiters_go():
+    async def main():
+        adm = admission(limiter=LimiterParams(initial=2, min_limit=1, max_limit=2))
+        pool = adm.pools["llm"]
+        pool.limiter.value, pool.limiter.updates = 1.0, 5  # as if learnt from 5 batches
+        holder = req()
+        await adm.acquire(pool, holder, P1, 1, 0)
+        t = asyncio.create_task(adm.acquire(pool, req(), P1, 1, 0))
+        await asyncio.sleep(0)
+        adm.configure(AdmissionConfig({"llm": pool_cfg(max_queue=10, limiter=LimiterParams(initial=4, max_limit=8))},
+                                      {}, ()))
+        assert adm.pools["llm"] is pool and pool.limiter.limit == 1 and pool.queue.count == 1
+        assert pool.cfg.max_queue == 10
+        adm.configure(None)  # admission taken out of the config: whoever waits goes on unlimited
+        assert await asyncio.wait_for(t, 5) is None
+        assert adm.pools == {}
+        adm.release(holder)  # a slot of the removed pool is still released into it
+        assert pool.own == 1  # (the waiter let go holds the other, until its on_done)
+
+    asyncio.run(main())
