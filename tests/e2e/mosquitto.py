@@ -106,6 +106,8 @@ class Device:
             return
         reply = self.answer(msg.topic, doc) if callable(self.answer) else {"ok": True, "echo": doc}
         if self.v5:
+            if not hasattr(msg.properties, "ResponseTopic"):  # a command that awaits no reply
+                return
             props = Properties(PacketTypes.PUBLISH)
             props.CorrelationData = msg.properties.CorrelationData
             client.publish(msg.properties.ResponseTopic, orjson.dumps(reply), qos=1, properties=props)

@@ -87,3 +87,13 @@ def test_an_iot_block_on_another_kind_and_a_missing_one_are_refused():
     text = BASE.format(iot=GOOD, target="", more_brokers="").split("      iot:")[0]
     with pytest.raises(ConfigError, match="needs an `iot` block"):
         load_text(text)
+
+
+def test_the_example_config_loads():
+    from extproc.config.loader import load_file
+    from tests.conftest import REPO
+
+    r = load_file(REPO / "examples" / "iot-adapter.yaml").routes["v1-devices-command"]
+    assert list(r.iot.commands) == ["set-temperature", "status", "reboot"]
+    assert r.iot.commands["status"].timeout == 0.3 and r.iot.commands["reboot"].reply_topic is None
+    assert r.iot.broker.client_id == "plant-gateway"
