@@ -30,6 +30,7 @@ Cost: a few dict operations per request.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
 from typing import Any, Mapping
 
 import orjson
@@ -60,14 +61,15 @@ class Dialect:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-PRESETS: Mapping[str, Dialect] = {
+PRESETS: Mapping[str, Dialect] = MappingProxyType({
     "openai": Dialect(),
     "vllm": Dialect("json_schema", "yes", "honoured", "runtime", "vllm"),
     "llamacpp": Dialect("json_object_schema", "no", "ignored", "none", "llamacpp"),
     "sglang": Dialect("json_schema", "yes", "honoured", "none", "sglang"),
     "ollama": Dialect("json_schema", "yes", "ignored", "none", "ollama"),
-}
-DEFAULT_PRESET = {"openai": "openai", "vllm": "vllm"}  # before (or without) negotiation, by backend kind
+})
+# before (or without) negotiation, by backend kind
+DEFAULT_PRESET: Mapping[str, str] = MappingProxyType({"openai": "openai", "vllm": "vllm"})
 
 
 @dataclass(frozen=True, slots=True)

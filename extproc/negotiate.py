@@ -33,6 +33,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 import httpx
@@ -43,16 +44,16 @@ from backends.dialects import PRESETS, PROBE_ORDER, Dialect, DialectConfig, stru
 log = logging.getLogger(__name__)
 NEGOTIATING_KINDS = frozenset({"openai", "vllm"})
 PROBE_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-PROBE_MESSAGES = [{"role": "user", "content": "Is this service up? Answer in JSON."}]
+PROBE_MESSAGES = ({"role": "user", "content": "Is this service up? Answer in JSON."},)
 # every probe says what it is (servers' logs; our simulator leaves probes out of its request record)
 PROBE_HEADERS = {"x-adapter-probe": "protocol-negotiation", "user-agent": "adapter-gateway-negotiation"}
 STARTUP_TIMEOUT = 10.0  # per endpoint, at start-up and on a first request's behalf
 REQUEST_WAIT = 0.5  # how long a request waits for its backend's first negotiation
 RETRY_DOWN = 10.0  # a backend none of whose endpoints answered is negotiated again after this long
-ENGINES = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "ollama": "ollama", "library": "ollama",
-           "me": "llama-cpp-python", "openai": "openai", "system": "openai"}
-ORDER = {"stream_usage": ("yes", "no", "refused"), "priority": ("honoured", "ignored", "refused"),
-         "lora": ("runtime", "none")}
+ENGINES = MappingProxyType({"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "ollama": "ollama",
+                           "library": "ollama", "me": "llama-cpp-python", "openai": "openai", "system": "openai"})
+ORDER = MappingProxyType({"stream_usage": ("yes", "no", "refused"), "priority": ("honoured", "ignored", "refused"),
+                         "lora": ("runtime", "none")})
 
 
 def dialect_config(backend: Any) -> DialectConfig:
@@ -433,5 +434,5 @@ def negotiator(runtime: Any) -> Negotiator:
 
 
 __all__ = ["route_notes", "repair_answer", "refuse_structured", "dialects_known", "dialect_of", "negotiates_kind",
-           "DIALECT_ATTR", "REPAIRED_ATTR", "Negotiator", "Negotiated", "negotiator", "negotiate_endpoint", "join", "negotiates", "dialect_config",
-           "PRESETS"]
+           "DIALECT_ATTR", "REPAIRED_ATTR", "Negotiator", "Negotiated", "negotiator", "negotiate_endpoint", "join",
+           "negotiates", "dialect_config", "PRESETS"]
