@@ -184,6 +184,10 @@ class KServeGrpcServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             model, outputs = await self.service.infer(name, version, inputs, wanted)
             response = service_pb2.ModelInferResponse(model_name=name, model_version=model.version,
                                                       id=request.id)
+            precision, fallback = model.served_precision()
+            response.parameters["precision"].string_param = precision or ""
+            if fallback:
+                response.parameters["precision_fallback"].string_param = fallback
             for out_name, array in outputs:
                 response.outputs.add(name=out_name, datatype=datatype_of(array), shape=array.shape)
                 if array.dtype.kind in "OUS":

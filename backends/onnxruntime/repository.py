@@ -245,6 +245,26 @@ class ModelVersion:
 
     # -- reporting -----------------------------------------------------------------------------
 
+    def served_precision(self) -> tuple[str | None, str]:
+        """The active variant (what a run now computes in) and why it is not the first of
+        ``precision_order``: ``"<precision>:<reason>"`` for each variant before it, comma-separated
+        (reason: missing, load_error, signature_mismatch, warmup_error, run_error); "" when the
+        preferred variant is active.  Read after a request's run, it names the variant that ran it
+        (a fallback activates the variant before returning its result); a concurrent switch by another
+        request between the two can make it name the newer variant."""
+        active = self.precision
+        if active is None:
+            return None, ""
+        steps = []
+        for p in self.config.precision_order:
+            if p == active:
+                break
+            v = self.variants.get(p)
+            if v is None:
+                continue
+            steps.append(f"{p}:{'missing' if v['status'] == 'missing' else v['detail'].split(':', 1)[0] or v['status']}")
+        return active, ",".join(steps)
+
     def precision_report(self) -> dict[str, Any]:
         return {
             "active": self.precision,

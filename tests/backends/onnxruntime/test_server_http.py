@@ -228,6 +228,7 @@ def test_corrupt_int8_variant_falls_back_to_fp16(server: Server) -> None:
     result = client.infer("fallback-mlp", [_input("features", x)])
     [expected] = run_direct(server.repository / "fallback-mlp" / "1" / "model.fp16.onnx", {"features": x})
     np.testing.assert_allclose(result.as_numpy("scores"), expected, rtol=1e-6)
+    assert result.get_response()["parameters"] == {"precision": "fp16", "precision_fallback": "int8:load_error"}
 
     text = metrics_text(server.base)
     assert sample(text, "ort_model_fallback_total", model="fallback-mlp", **{"from": "int8"}, to="fp16",
@@ -243,6 +244,7 @@ def test_variant_failing_at_run_time_falls_back_to_fp32(server: Server) -> None:
     result = client.infer("runfail-mlp", [_input("features", x)])  # int8 fails, fp32 answers
     [expected] = run_direct(server.repository / "runfail-mlp" / "1" / "model.onnx", {"features": x})
     np.testing.assert_allclose(result.as_numpy("scores"), expected, rtol=1e-6)
+    assert result.get_response()["parameters"] == {"precision": "fp32", "precision_fallback": "int8:run_error"}
     precision = client.get_model_metadata("runfail-mlp")["precision"]
     assert precision["active"] == "fp32"
     assert [(e["from"], e["to"], e["reason"]) for e in precision["fallbacks"]] == [("int8", "fp32", "run_error")]
@@ -250,6 +252,19 @@ def test_variant_failing_at_run_time_falls_back_to_fp32(server: Server) -> None:
     assert sample(text, "ort_model_fallback_total", model="runfail-mlp", **{"from": "int8"}, to="fp32",
                   reason="run_error") == 1
     assert sample(text, "ort_model_active_precision", model="runfail-mlp", version="1", precision="fp32") == 1
+
+
+def test_answer_names_its_precision_in_parameters_and_headers(server: Server) -> None:
+    body = {"inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
+    preferred = httpx.post(f"{server.base}/v2/models/fraud-mlp/infer", json=body, timeout=10)
+    assert preferred.status_code == 200, preferred.text
+    assert preferred.json()["parameters"] == {"precision": "int8"}
+    assert preferred.headers["x-inference-precision"] == "int8"
+    assert "x-inference-precision-fallback" not in preferred.headers
+    fallen = httpx.post(f"{server.base}/v2/models/fallback-mlp/infer", json=body, timeout=10)
+    assert fallen.status_code == 200, fallen.text
+    assert fallen.headers["x-inference-precision"] == "fp16"
+    assert fallen.headers["x-inference-precision-fallback"] == "int8:load_error"
 
 
 # -- dynamic batching ----------------------------------------------------------------------------------
