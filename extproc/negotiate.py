@@ -140,8 +140,10 @@ async def _lora(client: httpx.AsyncClient) -> str:
     return "none" if r.status_code in (404, 405) else "runtime"
 
 
-async def negotiate_endpoint(host: str, port: int, protocol: str, timeout: float) -> dict[str, Any]:
-    """What one endpoint accepts: {"address", "status", "engine", "structured", "tried", ...}."""
+async def negotiate_endpoint(host: str, port: int, protocol: str, timeout: float,
+                             model_hint: str | None = None) -> dict[str, Any]:
+    """What one endpoint accepts: {"address", "status", "engine", "structured", "tried", ...}.
+    `model_hint` (the backend's first configured model) is probed with when `/v1/models` names none."""
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     out: dict[str, Any] = {"address": address}
     started = time.perf_counter()
@@ -150,14 +152,14 @@ async def negotiate_endpoint(host: str, port: int, protocol: str, timeout: float
                                      http1=protocol != "grpc", http2=protocol == "grpc") as client:
             async with asyncio.timeout(timeout):
                 models = await client.get("/v1/models")
-                engine, model = "openai", None
+                engine, model = "openai", model_hint
                 if models.status_code < 300:
                     try:
                         data = models.json().get("data") or []
                         first = data[0] if data and isinstance(data[0], dict) else {}
                     except (ValueError, AttributeError):
                         first = {}
-                    model = first.get("id") if isinstance(first.get("id"), str) else None
+                    model = first.get("id") if isinstance(first.get("id"), str) else model_hint
                     engine = ENGINES.get(str(first.get("owned_by", "")).lower(), "openai")
                 tried: dict[str, str] = {}
                 structured = await _structured(client, model, tried)
@@ -237,7 +239,8 @@ class Negotiator:
     async def _run(self, backend: Any, key: tuple, timeout: float, fresh: bool) -> Negotiated:
         config = dialect_config(backend)
         base = config.base(backend.kind)
-        results = list(await asyncio.gather(*(self._endpoint(h, p, backend.protocol, timeout, fresh)
+        hint = backend.models[0] if backend.models else None
+        results = list(await asyncio.gather(*(self._endpoint(h, p, backend.protocol, timeout, fresh, hint)
                                               for h, p in backend.endpoints)))
         joined = join(results, base)
         previous = self._results.get(key)
@@ -255,7 +258,8 @@ class Negotiator:
         self._tasks.pop(key, None)
         return got
 
-    async def _endpoint(self, host: str, port: int, protocol: str, timeout: float, fresh: bool) -> dict[str, Any]:
+    async def _endpoint(self, host: str, port: int, protocol: str, timeout: float, fresh: bool,
+                        model_hint: str | None = None) -> dict[str, Any]:
         """What one endpoint answered: learned once per endpoint (a backend that gains an endpoint, or
         another backend on the same server, probes only what is new), again when `fresh` (health checks)
         or when it did not answer. One probe of an endpoint at a time: a request cuts a running stream
@@ -270,7 +274,7 @@ class Negotiator:
         async with lock:
             if self._usable(ep, fresh, started):  # learned while we waited (another backend, same server)
                 return self._endpoints[ep][1]
-            result = await negotiate_endpoint(host, port, protocol, timeout)
+            result = await negotiate_endpoint(host, port, protocol, timeout, model_hint)
             self._endpoints[ep] = (time.monotonic(), result)
             return result
 
