@@ -164,13 +164,14 @@ class Waiter:
 
 
 class _Band:
-    __slots__ = ("name", "flows", "fair", "count", "jain")
+    __slots__ = ("name", "flows", "fair", "count", "dead", "jain")
 
     def __init__(self, name: str) -> None:
         self.name = name  # the class
         self.flows: dict[str | None, list] = {}  # tenant -> heap of (deadline, seq, Waiter)
         self.fair = FairShare()
         self.count = 0
+        self.dead = 0  # removed waiters still in a heap (skipped when they reach its head)
         self.jain = JainWindow()
 
 
@@ -197,9 +198,22 @@ class AdmissionQueue:
         if not w.live:
             return
         w.live = False
-        self.bands[w.rank].count -= 1
+        band = self.bands[w.rank]
+        band.count -= 1
         self.count -= 1
         self.bytes -= w.size
+        band.dead += 1
+        if band.dead > 64 and band.dead > band.count:
+            # nothing popped them (a pool whose slots never free while requests time out): drop them now,
+            # so a stuck pool holds at most about twice its live waiters
+            for tenant in list(band.flows):
+                heap = [e for e in band.flows[tenant] if e[2].live]
+                if heap:
+                    heapq.heapify(heap)
+                    band.flows[tenant] = heap
+                else:
+                    del band.flows[tenant]
+            band.dead = 0
 
     def ahead(self, rank: int) -> int:
         """Requests that would be admitted before a new one of class `rank` (its class and more urgent)."""
@@ -225,6 +239,7 @@ class AdmissionQueue:
         for tenant, heap in list(band.flows.items()):
             while heap and not heap[0][2].live:
                 heapq.heappop(heap)
+                band.dead -= 1
             if not heap:
                 del band.flows[tenant]
                 continue
@@ -236,7 +251,10 @@ class AdmissionQueue:
         _, _, w = heapq.heappop(band.flows[best])
         band.fair.charge(best, w.tokens, w.weight)
         band.jain.admitted(best, w.tokens, w.weight)
-        self.remove(w)
+        w.live = False
+        band.count -= 1
+        self.count -= 1
+        self.bytes -= w.size
         return w
 
 
@@ -514,6 +532,7 @@ class Admission:
         q.push(w)
         m.requests(cfg.pool, name, "queued").inc()
         m.depth(cfg.pool, name).inc()
+        pool.drain()  # a slot another worker freed since the check above
         pool.schedule()
         timer = asyncio.get_running_loop().call_later(cfg.max_wait, pool.expire, w)
         try:

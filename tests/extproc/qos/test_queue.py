@@ -290,3 +290,15 @@ def test_a_reload_keeps_the_learnt_limit_the_queue_and_slots_and_a_removed_pool_
         assert pool.own == 1  # (the waiter let go holds the other, until its on_done)
 
     asyncio.run(main())
+
+
+def test_a_stuck_pool_does_not_keep_every_waiter_that_left():
+    q = AdmissionQueue()
+    ws = [waiter(i, size=1) for i in range(1000)]
+    for w in ws:
+        q.push(w)
+    for w in ws[:990]:  # timed out or cancelled, and nothing was ever admitted
+        q.remove(w)
+    assert q.count == 10 and q.bytes == 10
+    assert sum(len(h) for b in q.bands.values() for h in b.flows.values()) <= 2 * 64 + 10
+    assert [q.pop().seq for _ in range(10)] == list(range(990, 1000)) and q.pop() is None
