@@ -20,6 +20,7 @@ pipeline's hooks use are exactly what Envoy is configured to send for the route.
 | tensor | like llm, with model-metadata before encode-request | adapter |
 | tool | admit, body-limit / tool-call, token-budget, dispatch / tool-call | tool |
 | rest | like llm, the body mapped by the route's mapping file both ways | adapter |
+| erp | admit, body-limit / erp-action (reads the instance), token-budget, dispatch / erp-action (the chosen action checked and run) | adapter |
 | anthropic-messages | admit, body-limit, anthropic-messages, backend-dialect / anthropic-messages, token-budget, dispatch, backend-dialect / anthropic-messages (streamed) | anthropic |
 | openai-responses | admit, body-limit, openai-responses, backend-dialect / openai-responses, token-budget, dispatch, backend-dialect / openai-responses (streamed) | openai |
 | sql | admit, body-limit / sql-query, token-budget, dispatch / sql-query (the model's SQL checked and run) | adapter |
@@ -52,6 +53,7 @@ class KindSpec:
     openapi: bool = False  # reads an OpenAPI document (required)
     mapping: bool = False  # may apply a field-mapping file
     sql: bool = False  # reads a database (the route's `sql` block, required)
+    erp: bool = False  # acts in a BPMN process on an ERP service (the route's `erp` block, required)
     doc: str = ""
 
 
@@ -116,6 +118,14 @@ def _tool(route: Any) -> list[Any]:
     return [*_front(), ToolCall(), TokenBudgetAtBody(), DispatchAtBody()]
 
 
+def _erp(route: Any) -> list[Any]:
+    from extproc.stages.dispatch import DispatchAtBody
+    from extproc.stages.erp_action import ErpAction
+    from extproc.stages.token_budget import TokenBudgetAtBody
+
+    return [*_front(), ErpAction(), TokenBudgetAtBody(), DispatchAtBody()]
+
+
 def _anthropic_messages(route: Any) -> list[Any]:
     from extproc.stages.backend_dialect import BackendDialect
     from extproc.stages.client_api import anthropic_messages
@@ -170,6 +180,9 @@ def kind_specs() -> Mapping[str, KindSpec]:
                  doc="LLM tool calls executed on an OpenAPI-described REST service"),  # pragma: no mutate
         KindSpec("rest", _rest_stages(), api="rest", templates=True, mapping=True,
                  doc="a REST service, the body mapped by a field-mapping file both ways"),  # pragma: no mutate
+        KindSpec("erp", _erp, api="openai", prefix=False, templates=True, needs_model=True, erp=True,
+                 doc="the model's chosen action in a BPMN process, checked against the instance and run on an "
+                     "ERP service"),  # pragma: no mutate
         KindSpec("anthropic-messages", _anthropic_messages, api="openai", dialect="anthropic", multi_target=True,
                  prefix=False, doc="the Anthropic Messages API served on chat-completion backends"),  # pragma: no mutate
         KindSpec("openai-responses", _openai_responses, api="openai", dialect="openai", multi_target=True,

@@ -178,6 +178,14 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         elif r.sql is not None:
             issue(base + ("sql",), "only sql routes (kind: sql) have a sql block")
             continue
+        erp = None
+        if ks.erp:
+            erp = _load_erp(r, base, issues, spec.processor.message_timeout)
+            if erp is None:
+                continue
+        elif r.erp is not None:
+            issue(base + ("erp",), "only erp routes (kind: erp) have an erp block")
+            continue
         if not ks.multi_target and len(resolved) > 1:
             issue(base + ("targets",), f"a {kind} route has one target")
             continue
@@ -206,7 +214,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             name=name, path=r.path, kind=kind, backend=backend, model=model, request=request,
             transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,
             max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
-            tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping, sql=sql,
+            tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping, sql=sql, erp=erp,
             backends=tuple(dict.fromkeys(resolved)), dialect=ks.dialect, picker=picker,
             structured_fallback=r.policy.structured_fallback,
             server_timing=r.server_timing, iot=iot,
@@ -1077,6 +1085,25 @@ def _load_sql(r: Any, path: tuple, issues: "_Issues", message_timeout: float):
     except SqlConfigError as e:
         issues.add(path + ("sql", "database"), str(e))
         return None
+
+def _load_erp(r: Any, path: tuple, issues: "_Issues", message_timeout: float):
+    """An erp route's BPMN process parsed and its service tasks mapped to REST calls
+    (extproc/semantic/bpmn.py); errors name `routes[i].erp.*` and the BPMN file's element."""
+    from extproc.semantic.bpmn import compile_erp
+
+    if r.erp is None:
+        issues.add(path + ("erp",), "an erp route needs an `erp` block: `process` (a BPMN file), `service` (the "
+                   "ERP service's URL) and `operations` (service task id -> method, path, parameters)")
+        return None
+    if r.request or r.output_schema:
+        issues.add(path + ("request" if r.request else "outputSchema",), "an erp route builds the model's request "
+                   "from the process state; only `transform` (over the action's result document) applies")
+        return None
+    erp, problems = compile_erp(r.erp, _relative(issues, r.erp.process), message_timeout)
+    for where, why in problems:
+        issues.add(path + ("erp",) + where, why)
+    return erp
+
 
 def _load_mapping(name: str, path: tuple, issues: "_Issues"):
     from extproc.semantic.mapping import MappingError, load_mapping

@@ -106,11 +106,11 @@ def parse_text(text: str, filename: str = "<config>") -> tuple[AdapterGateway, S
 
 def referenced_files(model: AdapterGateway) -> list[str]:
     """The files a config names, as written, in config order: tool routes' `openapi`, rest
-    routes' `mapping`, adapter bundles' `path` and `publicKey` (relative paths are relative to the
-    config file)."""
+    routes' `mapping`, erp routes' `erp.process`, adapter bundles' `path` and `publicKey` (relative
+    paths are relative to the config file)."""
     names: dict[str, None] = {}
     for r in model.spec.routes:
-        for name in (r.openapi, r.mapping):
+        for name in (r.openapi, r.mapping, r.erp.process if r.erp is not None else None):
             if name:
                 names.setdefault(name, None)
     for b in model.spec.bundles:

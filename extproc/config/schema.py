@@ -236,7 +236,7 @@ class RoutePolicy(_Model):
     structured_fallback: Literal["prompt", "refuse"] = "prompt"
 
 
-RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",
+RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "erp", "anthropic-messages",
                     "openai-responses", "sql", "iot"]
 
 
@@ -297,6 +297,32 @@ class SqlSpec(_Model):
     question_field: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "question"  # the body's field
 
 
+class ErpOperationSpec(_Model):
+    """One BPMN service task of an erp route as a REST call on the ERP service (docs/erp-adapter.md): `path`
+    takes `{instance}` (the client's instance id) and `{name}` placeholders filled from the arguments;
+    `parameters` is the arguments' JSON Schema (an object), the tool's schema offered to the model."""
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")]
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    tool: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None  # default: from the task's name
+    description: str | None = None  # default: the task's name and documentation
+
+
+class ErpSpec(_Model):
+    """`routes[].erp`: the BPMN process an erp route's model acts in and the ERP service that runs the actions
+    (docs/erp-adapter.md). The process file is parsed and checked when the config is loaded."""
+    process: Annotated[str, Field(min_length=1)]  # a BPMN 2.0 XML file, relative to this file's directory
+    process_id: str | None = None  # default: the file's only executable process
+    service: Annotated[str, Field(pattern=r"^https?://[^/?#\s]+(/[^?#\s]*)?$")]  # the ERP service's base URL
+    instance_path: Annotated[str, Field(pattern=r"^/[^?#\s]*\{instance\}[^?#\s]*$")] = "/instances/{instance}"
+    operations: Annotated[dict[Annotated[str, Field(min_length=1)], ErpOperationSpec], Field(min_length=1)]
+    timeout: Duration = 2.0  # each call to the ERP service
+    instance_field: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "instance"
+    message_field: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = "message"
+    instance_pattern: str = r"^[A-Za-z0-9_.:-]{1,128}$"  # what an instance id may be
+    max_tokens: Annotated[int, Field(ge=16)] = 256  # the model's answer (the tool call), at most
+
+
 class ServerTimingSpec(_Model):
     """Latency attribution for a route (docs/attribution.md): per-request metrics split by component
     and, unless `mode: metrics`, a `Server-Timing` response header. `trusted` (the default) adds the header
@@ -343,6 +369,7 @@ class RouteSpec(_Model):
     openapi: str | None = None  # tool routes: the service's OpenAPI document (path relative to this file)
     mapping: str | None = None  # rest routes: a field-mapping file from `adapterctl align` (relative path)
     sql: SqlSpec | None = None  # sql routes: the database the model writes SQL for
+    erp: ErpSpec | None = None  # erp routes: the BPMN process and the ERP service (docs/erp-adapter.md)
     plugins: tuple[Annotated[str, Field(pattern=DNS_LABEL)], ...] = ()  # names from spec.plugins, by slot
     policy: RoutePolicy = RoutePolicy()
     # an adapter bundle (spec.bundles) whose part for this route replaces request, transform and

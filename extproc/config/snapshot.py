@@ -205,6 +205,7 @@ class Route:
     tools: Any = None  # tool routes: extproc.semantic.tools.ToolSet
     mapping: Any = None  # rest routes: extproc.semantic.mapping.CompiledMapping
     sql: Any = None  # sql routes: extproc.semantic.sql.SqlConfig (the schema read at load)
+    erp: Any = None  # erp routes: extproc.semantic.bpmn.ErpRoute (the BPMN process compiled at load, its actions)
     backends: tuple[Backend, ...] = ()  # every target; backend is backends[0]
     dialect: str = "adapter"  # how errors are rendered (extproc/errors.py), from the route kind
     # the dispatch slot's scheduler: a picker that picks alone, or a scheduling profile (None: Envoy balances)

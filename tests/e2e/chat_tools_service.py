@@ -7,6 +7,8 @@ be checked through Envoy with the official clients:
   tool (the first one for "required"), its arguments built from the tool's `parameters` (each
   required property: strings "Oslo", integers 3, numbers 1.5, booleans true), `finish_reason`
   "tool_calls";
+- a last user message with a line `CALL <name> <JSON arguments>`: that tool call as written,
+  whether or not the tool was offered (so a gateway's checks of the model's choice can be tested);
 - otherwise a text answer: `result: <content of the last tool message>` after a tool result, else
   `echo: <last user text>`;
 - `stream: true`: vLLM's chunk layout (role chunk, the tool call's id and name, then its arguments
@@ -30,9 +32,22 @@ def arguments(tool: dict) -> dict:
     return {name: VALUES.get(props.get(name, {}).get("type"), "x") for name in params.get("required", ())}
 
 
+def scripted(req: dict) -> dict | None:
+    user = next((m for m in reversed(req.get("messages") or []) if m.get("role") == "user"), {})
+    content = user.get("content") if isinstance(user.get("content"), str) else ""
+    for line in content.splitlines():
+        if line.startswith("CALL "):
+            name, _, args = line[5:].partition(" ")
+            return {"id": f"call_{name}_1", "type": "function",
+                    "function": {"name": name, "arguments": args.strip() or "{}"}}
+    return None
+
+
 def answer(req: dict) -> tuple[str | None, dict | None]:
     tools = req.get("tools") or []
     choice = req.get("tool_choice")
+    if tools and scripted(req) is not None:
+        return None, scripted(req)
     if tools and (choice == "required" or isinstance(choice, dict)):
         name = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
         tool = next(t for t in tools if t["function"]["name"] == name)
