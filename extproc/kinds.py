@@ -25,6 +25,7 @@ pipeline's hooks use are exactly what Envoy is configured to send for the route.
 | openai-responses | admit, body-limit, openai-responses, backend-dialect / openai-responses, token-budget, dispatch, backend-dialect / openai-responses (streamed) | openai |
 | sql | admit, body-limit / sql-query, token-budget, dispatch / sql-query (the model's SQL checked and run) | adapter |
 | iot | admit, body-limit / parse-json, mqtt-command (publishes, answers itself) / - | adapter |
+| iot with a target | like llm, with mqtt-model-command for decode-response (the model's command published) | adapter |
 | health | health / - / - | adapter |
 
 Why: one spec per kind instead of if-chains over five files (schema, compile, stages, cli); a
@@ -148,7 +149,15 @@ def _iot(route: Any) -> list[Any]:
     from extproc.stages.mqtt_command import MqttCommand
     from extproc.stages.parse_json import ParseJson
 
-    return [*_front(), ParseJson(), MqttCommand()]
+    if route.backend is None:  # the command is in the request: the processor publishes and answers
+        return [*_front(), ParseJson(), MqttCommand()]
+    from extproc.stages.dispatch import DispatchAtBody
+    from extproc.stages.encode_request import EncodeRequest
+    from extproc.stages.mqtt_model_command import MqttModelCommand
+    from extproc.stages.token_budget import TokenBudgetAtBody
+
+    # the optional LLM step: the target model answers with the command, published at the response
+    return [*_front(), ParseJson(), TokenBudgetAtBody(), DispatchAtBody(), EncodeRequest(), MqttModelCommand()]
 
 
 def _sql(route: Any) -> list[Any]:

@@ -123,11 +123,10 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         if r.target and r.targets:
             issue(base + ("targets",), "set target or targets, not both")
             continue
-        if not ks.needs_target and (r.target or r.targets):
-            issue(base + ("targets" if r.targets else "target",), f"a {kind} route is answered by the processor "
-                  "(no target)")
+        if not ks.needs_target and r.targets:
+            issue(base + ("targets",), f"a {kind} route has at most one target (the model of its optional LLM step)")
             continue
-        targets = (r.targets or (r.target,)) if ks.needs_target else ()
+        targets = (r.targets or (r.target,)) if (ks.needs_target or r.target) else ()
         resolved = [_resolve_target(t, base + (("targets", j) if r.targets else ("target",)), backends,
                                     spec.protocol, kinds, issue, r.policy.timeout)
                     for j, t in enumerate(targets)]
@@ -142,6 +141,10 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             for where, why in problems:
                 issue(base + ("iot",) + where, why)
             if iot is None:
+                continue
+            if backend is not None and backend.adapter.api != "openai":  # the LLM step asks a chat model
+                issue(base + ("target",), f"the LLM step of an iot route needs an openai backend; {backend.name} "
+                      f"speaks {backend.adapter.api}")
                 continue
         elif r.iot is not None:
             issue(base + ("iot",), "only iot routes (kind: iot) have an iot block")
@@ -210,6 +213,8 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             continue
         if schema is None and transform is not None:
             schema = derive_output_schema(transform)
+        if iot is not None and backend is not None:  # the LLM step: the model answers with a command
+            schema = iot.command_schema
         route = Route(
             name=name, path=r.path, kind=kind, backend=backend, model=model, request=request,
             transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,

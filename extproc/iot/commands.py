@@ -61,6 +61,18 @@ class IotRoute:
     device_pattern: "re.Pattern[str]"
     correlation_path: Template
 
+    @property
+    def command_schema(self) -> dict[str, Any]:
+        """The JSON Schema a model is asked to fill with a command (the optional LLM step): one option
+        per command, its name as a constant and its params schema."""
+        options = []
+        for c in self.commands.values():
+            params = dict(c.params.schema) if c.params is not None else {"type": "object"}
+            options.append({"type": "object", "additionalProperties": False, "required": ["device", "command", "params"],
+                            "properties": {"device": {"type": "string", "pattern": self.device_pattern.pattern},
+                                           "command": {"const": c.name}, "params": params}})
+        return options[0] if len(options) == 1 else {"type": "object", "anyOf": options}
+
 
 def compile_broker(spec: Any) -> BrokerConfig:
     from extproc.config.schema import split_host_port

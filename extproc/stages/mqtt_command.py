@@ -29,7 +29,7 @@ import orjson
 
 from extproc.errors import reject
 from extproc.template import MissingPathError
-from extproc.types import HttpMessage, RequestState, Respond, Verdict
+from extproc.types import HttpMessage, Reject, RequestState, Respond, Verdict
 
 def command_document(iot: Any, body: Any, request_id: str = "", tenant: str | None = None,
                      correlation: str = "") -> tuple[Any, Any] | Any:
@@ -72,51 +72,57 @@ def render_command(cmd: Any, doc: Any) -> tuple[str, bytes, str | None] | Any:
     return topic, payload, reply_topic
 
 
+async def execute(state: RequestState, iot: Any, body: Any) -> Reject | tuple[int, bytes]:
+    """Validate `body` as a command, render, publish, wait: a Reject, or (status, the client's body)."""
+    import secrets
+
+    from extproc.iot.client import BrokerUnavailable, ReplyTimeout
+
+    correlation = secrets.token_hex(8)
+    found = command_document(iot, body, state.request_id, state.tenant, correlation)
+    if not isinstance(found, tuple):
+        return found
+    cmd, doc = found
+    rendered = render_command(cmd, doc)
+    if not isinstance(rendered, tuple):
+        return rendered
+    topic, payload, reply_topic = rendered
+    client = state.runtime.mqtt.client(iot.broker)
+    try:
+        reply = await client.request(topic, payload, cmd.qos, cmd.retain, cmd.timeout, reply_topic,
+                                     cmd.reply_topic.filter if cmd.reply_topic is not None else None,
+                                     correlation, iot.correlation_path)
+    except BrokerUnavailable as e:
+        return reject(503, "broker_unavailable", str(e), retry_after=1, broker=iot.broker.name, topic=topic)
+    except ReplyTimeout as e:
+        return reject(504, "device_timeout", str(e), topic=topic, reply_topic=reply_topic,
+                      device=doc["device"], command=cmd.name, acknowledged=e.acked)
+    base = {"device": doc["device"], "command": cmd.name, "topic": topic, "correlationId": correlation}
+    if reply is None:
+        return 202, orjson.dumps({**base, "status": "published"})
+    try:
+        answer = orjson.loads(reply.payload)
+    except orjson.JSONDecodeError:
+        return reject(502, "invalid_device_reply", f"the reply on {reply.topic} is not JSON",
+                      topic=topic, reply_topic=reply.topic)
+    if cmd.response is None:
+        return 200, orjson.dumps({**base, "reply": answer})
+    try:
+        return 200, cmd.response.render_json({**doc, "reply": answer})
+    except MissingPathError as e:
+        return reject(502, "transform_path_missing", f"the response template reads {e.path}, which the "
+                      "device's reply does not have", path=str(e.path), reply_topic=reply.topic)
+
+
 class MqttCommand:
     name = "mqtt-command"
 
     async def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
-        import secrets
-
-        from extproc.iot.client import BrokerUnavailable, ReplyTimeout
-
-        iot = state.route.iot
-        correlation = secrets.token_hex(8)
-        found = command_document(iot, state.input_doc, state.request_id, state.tenant, correlation)
-        if not isinstance(found, tuple):
-            return found
-        cmd, doc = found
-        rendered = render_command(cmd, doc)
-        if not isinstance(rendered, tuple):
-            return rendered
-        topic, payload, reply_topic = rendered
-        client = state.runtime.mqtt.client(iot.broker)
-        try:
-            reply = await client.request(topic, payload, cmd.qos, cmd.retain, cmd.timeout, reply_topic,
-                                         cmd.reply_topic.filter if cmd.reply_topic is not None else None,
-                                         correlation, iot.correlation_path)
-        except BrokerUnavailable as e:
-            return reject(503, "broker_unavailable", str(e), retry_after=1, broker=iot.broker.name, topic=topic)
-        except ReplyTimeout as e:
-            return reject(504, "device_timeout", str(e), topic=topic, reply_topic=reply_topic,
-                          device=doc["device"], command=cmd.name, acknowledged=e.acked)
-        base = {"device": doc["device"], "command": cmd.name, "topic": topic, "correlationId": correlation}
-        if reply is None:
-            return Respond(202, orjson.dumps({**base, "status": "published"}), "iot_published")
-        try:
-            answer = orjson.loads(reply.payload)
-        except orjson.JSONDecodeError:
-            return reject(502, "invalid_device_reply", f"the reply on {reply.topic} is not JSON",
-                          topic=topic, reply_topic=reply.topic)
-        if cmd.response is not None:
-            try:
-                body = cmd.response.render_json({**doc, "reply": answer})
-            except MissingPathError as e:
-                return reject(502, "transform_path_missing", f"the response template reads {e.path}, which the "
-                              "device's reply does not have", path=str(e.path), reply_topic=reply.topic)
-        else:
-            body = orjson.dumps({**base, "reply": answer})
-        return Respond(200, body, "iot_reply")
+        done = await execute(state, state.route.iot, state.input_doc)
+        if isinstance(done, Reject):
+            return done
+        status, body = done
+        return Respond(status, body, "iot_reply" if status == 200 else "iot_published")
 
 
-__all__ = ["MqttCommand", "command_document", "render_command"]
+__all__ = ["MqttCommand", "command_document", "execute", "render_command"]

@@ -203,3 +203,84 @@ def test_a_broker_that_is_down_is_a_503_and_the_gateway_connects_once_it_is_up(s
     finally:
         device.stop()
         m.stop()
+
+
+# --- the optional LLM step: a chat model answers with the command (tests/e2e/sql_chat_service.py answers
+# each question with the content a test chose) ---------------------------------------------------------
+
+LLM_CONFIG = """
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {{name: iot-llm}}
+spec:
+  brokers: [{{name: plant, address: "{broker}"}}]
+  backends: [{{name: model, kind: openai, endpoints: ["127.0.0.1:{chat}"], models: [iot-model],
+               dialect: {{negotiate: false, preset: openai}}}}]
+  routes:
+    - path: /v1/devices/ask
+      kind: iot
+      target: model
+      iot:
+        timeout: 300ms
+        commands:
+          set-temperature:
+            topic: "plant/{{$.device}}/set"
+            payload: '{{"id": $.correlationId, "celsius": $.params.celsius}}'
+            replyTopic: "plant/{{$.device}}/reply"
+            params: {{type: object, required: [celsius], properties: {{celsius: {{type: number}}}}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def llm_stack(broker, tmp_path_factory):
+    import subprocess
+    import sys
+
+    from extproc.stack import wait_http
+    from tests.conftest import REPO
+    from tests.e2e.conftest import make_stack
+
+    port = free_port()
+    chat = subprocess.Popen([sys.executable, str(REPO / "tests" / "e2e" / "sql_chat_service.py"), str(port)])
+    cfg = tmp_path_factory.mktemp("iot-llm") / "gateway.yaml"
+    cfg.write_text(LLM_CONFIG.format(broker=broker[0].address, chat=port))
+    st = make_stack(cfg, workers=1)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 20, chat)
+        st.start()
+        st.chat_url = f"http://127.0.0.1:{port}"
+        yield st
+    finally:
+        st.stop()
+        chat.terminate()
+        chat.wait(5)
+
+
+def ask(st, question: str, answer: str) -> httpx.Response:
+    httpx.post(f"{st.chat_url}/answers", json={"question": question, "content": answer}, timeout=5).raise_for_status()
+    return httpx.post(f"{st.url}/v1/devices/ask", json={"query": question}, timeout=10)
+
+
+def test_the_models_command_is_published_and_the_device_reply_is_the_answer(llm_stack, broker):
+    thermostats = broker[1][0]
+    r = ask(llm_stack, "make boiler 9 a bit warmer",
+            '{"device": "boiler-9", "command": "set-temperature", "params": {"celsius": 23}}')
+    assert r.status_code == 200, r.text
+    topic, payload, _ = thermostats.received[-1]
+    assert topic == "plant/boiler-9/set" and payload == {"id": r.json()["correlationId"], "celsius": 23}
+    assert r.json()["reply"] == {"ok": True, "echo": payload}
+    sent = httpx.get(f"{llm_stack.chat_url}/last", timeout=5).json()  # what the model was asked
+    schema = sent["response_format"]["json_schema"]["schema"]
+    assert sent["response_format"]["type"] == "json_schema"
+    assert schema["properties"]["command"] == {"const": "set-temperature"}
+    assert schema["properties"]["params"]["required"] == ["celsius"]
+
+
+def test_a_model_command_that_fails_the_checks_is_a_502_and_nothing_is_published(llm_stack, broker):
+    before = sum(len(d.received) for d in broker[1])
+    r = ask(llm_stack, "melt boiler 9", '{"device": "boiler-9", "command": "melt", "params": {}}')
+    assert r.status_code == 502, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_model_command" and err["reason"] == "unknown_command"
+    assert err["command"]["command"] == "melt" and err["backend"] == "model"
+    assert sum(len(d.received) for d in broker[1]) == before

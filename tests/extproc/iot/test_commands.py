@@ -74,10 +74,25 @@ def test_an_unknown_broker_and_an_ambiguous_default_are_refused():
 
 
 def test_a_target_a_bad_schema_and_a_response_without_reply_are_refused():
-    assert "answered by the processor" in errors(target="      target: 127.0.0.1:9\n")
+    assert "at most one target" in errors(target="      targets: [127.0.0.1:9, 127.0.0.1:10]\n")
     assert "not a valid JSON Schema" in errors(iot=GOOD.replace("type: number", "type: numbr"))
     out = errors(iot=GOOD + "\n            response: '{\"x\": $.reply}'")
     assert "spec.routes[0].iot.commands.fire.response" in out and "needs a replyTopic" in out
+
+
+def test_with_a_target_the_model_is_asked_for_a_command_and_a_non_chat_backend_is_refused():
+    r = load(target="      target: 127.0.0.1:9\n").routes["cmd"]
+    assert r.backend is not None and r.backend.adapter.api == "openai"
+    assert [s.name for s in r.pipeline.stages] == ["admit", "body-limit", "parse-json", "token-budget", "dispatch",
+                                                   "encode-request", "mqtt-model-command"]
+    options = r.response_schema["anyOf"]
+    assert [o["properties"]["command"] for o in options] == [{"const": "set"}, {"const": "fire"}]
+    assert options[0]["properties"]["params"]["properties"] == {"c": {"type": "number"}}
+    assert options[1]["properties"]["device"]["pattern"] == r.iot.device_pattern.pattern
+    text = BASE.format(iot=GOOD, target="      target: svc\n", more_brokers="").replace(
+        "  routes:", "  backends: [{name: svc, kind: rest, endpoints: [\"127.0.0.1:9\"]}]\n  routes:")
+    with pytest.raises(ConfigError, match="needs an openai backend; svc speaks rest"):
+        load_text(text)
 
 
 def test_an_iot_block_on_another_kind_and_a_missing_one_are_refused():
