@@ -43,6 +43,8 @@ spec:
     - {path: /v1/messages, name: anthropic-messages, kind: anthropic-messages, target: llm}
     - {path: /v1/responses, name: openai-responses, kind: openai-responses, target: llm}
     - {path: /ask, name: sql, kind: sql, target: llm, sql: {database: shop.db}}
+    - {path: /erp, name: erp, kind: erp, target: llm, erp: {process: one.bpmn, service: "http://127.0.0.1:9005",
+       timeout: 300ms, operations: {t: {path: '/o/{instance}'}}}}
     - {path: /devices, name: iot, kind: iot, iot: {commands: {ping: {topic: "d/{$.device}", payload: "{}"}}}}
 """
 
@@ -72,14 +74,17 @@ STAGES = {
                          PH: ["openai-responses"], PB: ["openai-responses"]},
     "sql": {RH: ["admit", "body-limit"], RB: ["sql-query", "token-budget", "dispatch"], PH: ["sql-query"],
             PB: ["sql-query"]},
+    "erp": {RH: ["admit", "body-limit"], RB: ["erp-action", "token-budget", "dispatch"], PH: ["erp-action"],
+            PB: ["erp-action"]},
     "iot": {RH: ["admit", "body-limit"], RB: ["parse-json", "mqtt-command"]},
 }
-DIALECT = {"llm": "adapter", "passthrough": "adapter", "openai": "openai", "kserve": "kserve", "tensor": "adapter",
+DIALECT = {"erp": "adapter", "llm": "adapter", "passthrough": "adapter", "openai": "openai", "kserve": "kserve", "tensor": "adapter",
            "tool": "tool", "rest": "adapter", "health": "adapter", "anthropic-messages": "anthropic",
            "openai-responses": "openai", "sql": "adapter", "iot": "adapter"}
 # What Envoy is told per kind (ExtProcPerRoute processing_mode): the round trips a request costs.
 MODES = {
     "sql": ("SEND", "SEND", "BUFFERED", "BUFFERED"),  # the model's answer replaced by the rows
+    "erp": ("SEND", "SEND", "BUFFERED", "BUFFERED"),  # the model's tool call replaced by the action's result
     "llm": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
     "passthrough": ("SEND", "SKIP", "NONE", "NONE"),
     "openai": ("SEND", "SKIP", "BUFFERED", "STREAMED"),
@@ -100,6 +105,9 @@ def snap(tmp_path_factory):
     d = tmp_path_factory.mktemp("kinds")
     shutil.copy(DATA / "openapi" / "petstore.yaml", d / "pets.yaml")
     shutil.copy(DATA / "contract" / "rest-mapping.yaml", d / "orders-mapping.yaml")
+    (d / "one.bpmn").write_text('<definitions xmlns="http://www.omg.org/spec/BPMN/20100524/MODEL"><process id="p">'
+                                 '<startEvent id="s"/><serviceTask id="t"/><sequenceFlow id="f" sourceRef="s" '
+                                 'targetRef="t"/></process></definitions>')
     sqlite3.connect(d / "shop.db").executescript("CREATE TABLE orders (id INTEGER PRIMARY KEY, total REAL);")
     cfg = d / "gateway.yaml"
     cfg.write_text(CONFIG)
@@ -112,7 +120,7 @@ def route_of(snap, kind: str):
 
 def test_every_route_kind_has_a_spec_and_every_spec_a_kind():
     literals = set(typing.get_args(RouteKind))
-    assert literals == {"llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "anthropic-messages",
+    assert literals == {"llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "erp", "anthropic-messages",
                         "openai-responses", "sql", "iot"}
     assert set(kind_specs()) == literals | {"health"}
     # the schema's field uses that literal (a kind added to one and not the other is caught here)
@@ -170,15 +178,15 @@ def test_dialect_per_kind(snap, kind):
 def test_kind_properties():
     ks = kind_specs()
     assert {k for k, s in ks.items() if s.multi_target} == {"openai", "kserve", "anthropic-messages", "openai-responses"}
-    assert {k for k, s in ks.items() if s.needs_model} == {"llm", "tensor", "sql"}
-    assert {k for k, s in ks.items() if not s.prefix} == {"llm", "tensor", "health", "anthropic-messages",
+    assert {k for k, s in ks.items() if s.needs_model} == {"llm", "tensor", "sql", "erp"}
+    assert {k for k, s in ks.items() if not s.prefix} == {"llm", "tensor", "health", "anthropic-messages", "erp",
                                                           "openai-responses", "sql", "iot"}
     assert {k for k, s in ks.items() if not s.needs_target} == {"iot"}
-    assert {k for k, s in ks.items() if s.templates} == {"llm", "tensor", "tool", "rest", "sql"}
+    assert {k for k, s in ks.items() if s.templates} == {"llm", "tensor", "tool", "rest", "sql", "erp"}
     assert {k for k, s in ks.items() if s.openapi} == {"tool"}
     assert {k for k, s in ks.items() if s.mapping} == {"rest"}
     assert {k: s.api for k, s in ks.items()} == {
-        "llm": "openai", "passthrough": None, "openai": "openai", "kserve": "kserve", "tensor": "kserve",
+        "erp": "openai", "llm": "openai", "passthrough": None, "openai": "openai", "kserve": "kserve", "tensor": "kserve",
         "tool": "rest", "rest": "rest", "health": None, "anthropic-messages": "openai", "openai-responses": "openai", "sql": "openai",
         "iot": None}
 
