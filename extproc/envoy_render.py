@@ -36,6 +36,9 @@ What the generated config does:
   close idle below each backend kind's keep-alive and retire after 500 requests
   (`UPSTREAM_IDLE_TIMEOUT`, `UPSTREAM_MAX_REQUESTS_PER_CONNECTION`); endpoints refusing
   connections are ejected from the balancer (not from the processor's picks: retries move those);
+- only websocket routes (`kind: websocket`, docs/websocket.md) accept upgrades (route-level
+  `upgrade_configs`), with the route timeout off and the socket bounded by `websocket.idleTimeout`
+  and `maxDuration`; their ext_proc sees the upgrade request's headers only;
 - Envoy's own error replies (404 unknown route, 413 body too large, 503 backend down, 504) are
   JSON naming the reason and the backend; the processor's JSON errors pass through unchanged.
 The pieces (listener, route configuration, clusters, load assignments) are public: `render` puts
@@ -203,8 +206,7 @@ def _backend_route(route: Route, backend: Backend, tenant_header: str, digest: s
             {"name": ROUTE_TARGET_HEADER, "string_match": {"exact": route.name}},
             {"name": BACKEND_HEADER, "string_match": {"exact": backend.name}},
         ]},
-        "route": {"cluster": backend.cluster, "timeout": _duration(route.timeout),
-                  "retry_policy": upstream_retry_policy(route)},
+        "route": _route_action(route, backend),
         "request_headers_to_remove": [BACKEND_HEADER, ROUTE_TARGET_HEADER],
         "typed_per_filter_config": _ext_proc_per_route(route, tenant_header, digest),
         **_variant_header(route),
@@ -235,6 +237,17 @@ def _ratelimit_headers() -> list[dict[str, Any]]:
              "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"} for name in HEADER_NAMES]
 
 
+def _precision_headers() -> list[dict[str, Any]]:
+    """kserve routes (the processor never sees their answers): `x-adapter-precision` and
+    `x-adapter-precision-fallback` copied from the ONNX Runtime server's `x-inference-precision*`
+    headers (extproc/precision.py); Envoy leaves a header out when the server sent none (Triton)."""
+    from extproc.precision import FALLBACK_HEADER, PRECISION_HEADER, SERVER_FALLBACK_HEADER, SERVER_PRECISION_HEADER
+
+    return [{"header": {"key": ours, "value": f"%RESP({theirs})%"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+            for ours, theirs in ((PRECISION_HEADER, SERVER_PRECISION_HEADER),
+                                 (FALLBACK_HEADER, SERVER_FALLBACK_HEADER))]
+
+
 def _client_route(route: Route, tenant_header: str, digest: str) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": route.name,
@@ -244,9 +257,24 @@ def _client_route(route: Route, tenant_header: str, digest: str) -> dict[str, An
     if route.backend is None:  # answered by the processor; reached only if it is down
         entry["direct_response"] = {"status": 503, "body": {"inline_string": "the processor did not answer"}}
     else:  # failure_mode open lands here unchanged when the processor is down
-        entry["route"] = {"cluster": route.backend.cluster, "timeout": _duration(route.timeout),
-                          "retry_policy": upstream_retry_policy(route)}
+        entry["route"] = _route_action(route, route.backend)
     return entry
+
+
+def _route_action(route: Route, backend: Backend) -> dict[str, Any]:
+    """The RouteAction to `backend`: the route's timeout and retries; a websocket route (docs/websocket.md)
+    accepts upgrades (only its entries: every other route refuses them) with the route timeout off (it
+    would cut a live socket), `websocket.idleTimeout` as the stream idle timeout and `maxDuration` as the
+    socket's longest life."""
+    action: dict[str, Any] = {"cluster": backend.cluster, "timeout": _duration(route.timeout),
+                              "retry_policy": upstream_retry_policy(route)}
+    ws = route.websocket
+    if route.kind == "websocket" and ws is not None:
+        action["timeout"] = "0s"
+        action["idle_timeout"] = _duration(ws.idle_timeout)
+        action["upgrade_configs"] = [{"upgrade_type": "websocket"}]
+        action["max_stream_duration"] = {"max_stream_duration": _duration(ws.max_duration)}
+    return action
 
 
 def _local_reply_config() -> dict[str, Any]:
@@ -463,6 +491,10 @@ def backend_cluster(b: Backend, eds_config: dict[str, Any] | None = None) -> dic
         cluster["eds_cluster_config"] = {"service_name": b.cluster, "eds_config": eds_config}
     else:
         cluster["load_assignment"] = load_assignment(b)
+    if b.socket_plan is not None:  # `lowLatency`: the socket options the kernel allows (extproc/socket_options.py)
+        from extproc.socket_options import cluster_fields
+
+        cluster.update(cluster_fields(b.socket_plan))
     return cluster
 
 
@@ -481,10 +513,15 @@ def route_configuration(snap: Snapshot) -> dict[str, Any]:
             entry = _backend_route(r, b, tenant_header, snap.digest)
             if budgets:
                 entry.setdefault("response_headers_to_add", []).extend(_ratelimit_headers())
+            if r.kind == "kserve":
+                entry.setdefault("response_headers_to_add", []).extend(_precision_headers())
             entries.append(entry)
     ordered = sorted(routes, key=lambda r: (r.match == "prefix", -len(r.path) if r.match == "prefix" else 0))
     for r in ordered:
-        entries.append(_client_route(r, tenant_header, snap.digest))
+        entry = _client_route(r, tenant_header, snap.digest)
+        if r.kind == "kserve" and "route" in entry:
+            entry.setdefault("response_headers_to_add", []).extend(_precision_headers())
+        entries.append(entry)
     entries.append({
         "name": "not-found",
         "match": {"prefix": "/"},
@@ -627,7 +664,13 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
 
 def listener(snap: Snapshot, workers: int, rds: dict[str, Any] | None = None) -> dict[str, Any]:
     max_body = max(r.max_body_bytes for r in snap.routes.values())
+    low_latency: dict[str, Any] = {}
+    if snap.listener_socket_plan is not None:  # `spec.listener.lowLatency` (extproc/socket_options.py)
+        from extproc.socket_options import listener_fields
+
+        low_latency = listener_fields(snap.listener_socket_plan)
     return {
+        **low_latency,
         "name": LISTENER_NAME,
         "address": _addr(snap.listener.address, snap.listener.port),
         # Envoy buffers bodies up to this (413 beyond it); each route's own smaller maxBodyBytes is

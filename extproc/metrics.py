@@ -29,6 +29,7 @@ buffers its updates (`Pending`) and writes them every 250 ms, so a request costs
 | adapter_processor_variant_requests_total | counter | route, rollout, arm, outcome (requests of routes with a rollout, `spec.rollouts`, by the arm that served them; counted at `on_done`) |
 | adapter_processor_variant_fallbacks_total | counter | route, rollout, arm (requests assigned an arm whose backend does not serve their model: sent to the route's first candidate) |
 | adapter_processor_latency_seconds | histogram | route, component (envoy, processor_request_headers, processor_request_body, processor_response_headers, processor_response_body, queue, network_rtt, upstream_ttfb, upstream_first_token): latency attribution of routes with `serverTiming` (extproc/attribution.py) |
+| adapter_processor_precision_total | counter | route, backend, precision, fallback (precision: int8, fp16, fp32, ..., unknown; fallback: none, unknown, or the steps, "int8:missing"): tensor answers from KServe backends, by the precision the backend reports (extproc/precision.py) |
 | gen_ai_server_request_duration_seconds | histogram | gen_ai_operation_name, gen_ai_provider_name, gen_ai_request_model, server_address, server_port, error_type (OpenTelemetry GenAI conventions: extproc/genai.py) |
 | gen_ai_server_time_to_first_token_seconds | histogram | gen_ai_operation_name, gen_ai_provider_name, gen_ai_request_model, server_address, server_port |
 | gen_ai_server_time_per_output_token_seconds | histogram | gen_ai_operation_name, gen_ai_provider_name, gen_ai_request_model, server_address, server_port |
@@ -108,6 +109,9 @@ class ProcessorMetrics:
         self.variant_fallbacks = Counter(f"{ns}_variant_fallbacks", "requests assigned an arm whose backend does not "
                                          "serve their model (sent to the route's first candidate)",
                                          ["route", "rollout", "arm"], registry=registry)
+        self.precision = Counter(f"{ns}_precision", "tensor answers by the precision the backend computed them in "
+                                 "and the fallback that led there", ["route", "backend", "precision", "fallback"],
+                                 registry=registry)
         # the OpenTelemetry GenAI semantic conventions' metrics (extproc/genai.py records them)
         self.genai_request_duration = Histogram("gen_ai_server_request_duration_seconds",
                                                 "GenAI server request duration: the gateway's request to the last byte",

@@ -59,6 +59,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
     spec = gw.spec
     kinds = adapter_kinds()
 
+    sockets = _SocketPlanner(spec)  # `lowLatency`: what the kernel allows (extproc/socket_options.py)
     backends: dict[str, Backend] = {}
     for i, b in enumerate(spec.backends):
         if b.name in backends:
@@ -85,6 +86,7 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
             endpoints=tuple(split_host_port(e.address) for e in b.endpoints), models=b.models,
             health_path=b.health_path or default_health, timeout=b.timeout,
             implicit=False, adapter=adapter, lb_policy=b.lb_policy, dialect=dialect,
+            socket_plan=sockets.plan(b.low_latency, "upstream", f"backend {b.name}"),
             endpoint_meta=tuple(EndpointMeta(tuple(sorted(e.labels.items())), e.engine, e.metrics_path)
                                 for e in b.endpoints),
         )
@@ -148,6 +150,18 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
                 continue
         elif r.iot is not None:
             issue(base + ("iot",), "only iot routes (kind: iot) have an iot block")
+            continue
+        websocket = None
+        if kind == "websocket":
+            from extproc.config.schema import WebSocketSpec
+
+            websocket = r.websocket or WebSocketSpec()
+            if "timeout" in r.policy.model_fields_set:
+                issue(base + ("policy", "timeout"), "a websocket route's sockets are bounded by websocket.idleTimeout "
+                      "and websocket.maxDuration, not policy.timeout")
+                continue
+        elif r.websocket is not None:
+            issue(base + ("websocket",), "only websocket routes (kind: websocket) have a websocket block")
             continue
         if not ks.templates and (r.request or r.transform or r.output_schema):
             issue(base + ("kind",), f"a {kind} route forwards bodies as they are: request, transform and "
@@ -218,16 +232,18 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         route = Route(
             name=name, path=r.path, kind=kind, backend=backend, model=model, request=request,
             transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,
-            max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
+            max_body_bytes=r.policy.max_body_bytes, match=r.match,
+            # a websocket route's request lasts as long as its socket (lifecycle waits that long for its end)
+            timeout=websocket.max_duration if websocket is not None else r.policy.timeout,
             tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping, sql=sql, erp=erp,
             backends=tuple(dict.fromkeys(resolved)), dialect=ks.dialect, picker=picker,
             structured_fallback=r.policy.structured_fallback,
-            server_timing=r.server_timing, iot=iot,
+            server_timing=r.server_timing, iot=iot, websocket=websocket,
         )
         if r.server_timing is not None:
             from extproc.attribution import check_route
 
-            timing_problems = check_route(r.server_timing, kind, kind not in ("passthrough", "kserve"),
+            timing_problems = check_route(r.server_timing, kind, kind not in ("passthrough", "kserve", "websocket"),
                                           {t.id for t in spec.tenants})
             for where, why in timing_problems:
                 issue(base + where, why)
@@ -290,7 +306,30 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         listener=spec.listener, admin=spec.admin, processor=spec.processor, backends=backends,
         routes=routes, tenants=spec.tenants, tenancy=spec.tenancy, plugins=plugins, profiles=profiles, epp=epp,
         rollouts=rollouts, bundles=bundles, active_bundles=active,
+        listener_socket_plan=sockets.plan(spec.listener.low_latency, "listener", "the listener"),
     )
+
+
+class _SocketPlanner:
+    """Probes the kernel once per compile, only when some `lowLatency` asks; logs each option left out."""
+
+    def __init__(self, spec: Any) -> None:
+        from extproc.socket_options import KernelSupport
+
+        wanted = spec.listener.low_latency is not None or any(b.low_latency is not None for b in spec.backends)
+        self.support = KernelSupport.probe() if wanted else None
+
+    def plan(self, ll: Any, where: str, label: str) -> Any:
+        if ll is None or self.support is None:
+            return None
+        import logging
+
+        from extproc.socket_options import LowLatency, plan
+
+        p = plan(LowLatency(ll.tcp_no_delay, ll.busy_poll_us, ll.tcp_fast_open), self.support, where)
+        for option, reason in p.skipped:
+            logging.getLogger(__name__).warning("lowLatency of %s: %s left out: %s", label, option, reason)
+        return p
 
 
 def _compile_rollouts(specs: Any, routes: dict[str, Route], declared: dict[int, str], issue: Any,

@@ -114,11 +114,33 @@ class ListenerLimits(_Model):
     max_connections: Annotated[int, Field(ge=1, le=10_000_000)] = 50000  # client connections, all listeners
 
 
+class LowLatencySpec(_Model):
+    """`lowLatency` on a backend (its Envoy cluster's upstream sockets) or on the listener: socket options
+    applied where the kernel allows them, each one it refuses left out with a logged reason
+    (extproc/socket_options.py, docs/low-latency.md). `lowLatency: true` is all of them, busy poll 50 us."""
+    tcp_no_delay: bool = True
+    busy_poll_us: Annotated[int, Field(ge=0, le=1_000_000)] = 50  # SO_BUSY_POLL microseconds; 0: off
+    tcp_fast_open: bool = True  # upstream: TCP_FASTOPEN_CONNECT; listener: tcp_fast_open_queue_length
+
+
+def _low_latency(v: Any) -> Any:
+    """`lowLatency: true` is every option at its default, `false` none."""
+    if v is True:
+        return {}
+    if v is False:
+        return None
+    return v
+
+
+LowLatency = Annotated[LowLatencySpec | None, BeforeValidator(_low_latency)]
+
+
 class ListenerSpec(_Model):
     """Where Envoy accepts client traffic."""
     address: str = "127.0.0.1"
     port: Port = 8080
     limits: ListenerLimits = ListenerLimits()
+    low_latency: LowLatency = None
 
 
 class AdminSpec(_Model):
@@ -204,6 +226,7 @@ class BackendSpec(_Model):
     # openai/vllm backends: what the server accepts (backends/dialects.py, docs/dialects.md); learned
     # by probing unless `negotiate: false`; the parts given here win over what the probe learns
     dialect: "DialectSpec | None" = None
+    low_latency: LowLatency = None  # socket options on the backend's upstream connections (docs/low-latency.md)
 
 
 class DialectSpec(_Model):
@@ -237,7 +260,15 @@ class RoutePolicy(_Model):
 
 
 RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "erp", "anthropic-messages",
-                    "openai-responses", "sql", "iot"]
+                    "openai-responses", "iot", "sql", "websocket"]
+
+
+class WebSocketSpec(_Model):
+    """`routes[].websocket`: how long an upgraded socket of a websocket route may live (docs/websocket.md).
+    Envoy's route timeout is off for these routes (it would cut a live socket); these two bound it instead."""
+    idle_timeout: Duration = 300.0  # no frame either way for this long: the socket is reset
+    max_duration: Duration = 3600.0  # a socket's whole life at most (Envoy closes it; the request ends then)
+    require_upgrade: bool = True  # a request without `Upgrade: websocket` gets 426; false: forwarded as plain HTTP
 
 
 class BrokerSpec(_Model):
@@ -378,6 +409,7 @@ class RouteSpec(_Model):
     bundle: Annotated[str, Field(pattern=BUNDLE_REF)] | None = None
     server_timing: ServerTimingSpec | None = None  # latency attribution (docs/attribution.md); off by default
     iot: "IotSpec | None" = None  # kind iot: device commands over MQTT (docs/iot-adapter.md)
+    websocket: WebSocketSpec | None = None  # kind websocket: socket lifetime limits (docs/websocket.md)
 
 
 class BundleRouteSpec(_Model):

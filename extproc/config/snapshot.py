@@ -60,6 +60,7 @@ class Backend:
     endpoint_meta: tuple[EndpointMeta, ...] = ()
     lb_policy: str = "leastRequest"  # Envoy's balancing without a pick: leastRequest, roundRobin, random
     dialect: Any = None  # backends.dialects.DialectConfig (openai, vllm kinds; None: negotiate, kind's preset)
+    socket_plan: Any = None  # extproc.socket_options.Plan: `lowLatency` options the kernel allows (None: Envoy's defaults)
     # derived from `endpoints` once (also by `replace`), never per request:
     endpoint_ids: tuple[str, ...] = field(init=False)  # as the endpoint-picker protocol names them: "ip:port"
     pickable: bool = field(init=False)  # all endpoints are IPs: the processor can name one (Envoy resolves names)
@@ -217,6 +218,7 @@ class Route:
     structured_fallback: str = "prompt"  # policy.structuredFallback: "prompt" or "refuse" (docs/dialects.md)
     server_timing: Any = None  # schema.ServerTimingSpec: latency attribution (extproc/attribution.py), None: off
     iot: Any = None  # iot routes: extproc.iot.commands.IotRoute (broker, commands)
+    websocket: Any = None  # websocket routes: schema.WebSocketSpec (idle timeout, max duration, upgrade required)
 
     def backend_for_model(self, model: str | None) -> Backend | None:
         """The first target serving `model` (a backend with no models listed serves any)."""
@@ -278,6 +280,7 @@ class Snapshot:
     rollouts: Mapping[str, RolloutRef] = field(default_factory=dict)  # by name; each also on its routes
     bundles: Mapping[str, AdapterBundle] = field(default_factory=dict)  # by "<name>@<version>"
     active_bundles: Mapping[str, str] = field(default_factory=dict)  # bundle name -> its active "<name>@<version>"
+    listener_socket_plan: Any = None  # extproc.socket_options.Plan for `spec.listener.lowLatency` (None: off)
 
     @property
     def tenants_by_id(self) -> Mapping[str, TenantSpec]:

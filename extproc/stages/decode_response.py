@@ -11,6 +11,10 @@ more, "via_upstream") is sanitised: its body can carry a server's internals (a l
 500 names the server's source file and line), so the client gets the route's error with the same
 status, code `backend_error`, the backend's name and the request id, and the body itself goes to
 the gateway's log (warning, first 2 KiB) under that request id.
+A KServe backend's answer names the precision it was computed in (`extproc/precision.py`): the client
+gets `x-adapter-precision` (int8, fp16, fp32; "unknown" when the backend does not say, as Triton) and,
+after a fallback, `x-adapter-precision-fallback` ("int8:missing"), counted in
+`adapter_processor_precision_total{route,backend,precision,fallback}`.
 With debug on (`x-adapter-debug: 1` from the client), the reply carries the backend request the
 processor produced in `x-adapter-backend-request` (base64 JSON) for `adapterctl test`.
 Cost: two JSON parses (response, model content), one render, one encode.
@@ -25,6 +29,7 @@ import orjson
 
 from backends.base import BackendError
 from extproc.errors import reject
+from extproc import precision as precision_report
 from extproc.negotiate import DIALECT_ATTR, REPAIRED_ATTR
 from extproc.stages.dispatch import backend_of
 from extproc.stages.encode_request import variant_route
@@ -90,6 +95,12 @@ class DecodeResponse:
                               f"response transform: {e.path} not found in the backend output",
                               path=e.path, backend=backend.name)
         headers = [("content-type", "application/json")]
+        if backend.adapter.api == "kserve":
+            precision, fallback = precision_report.from_response(backend.kind, doc["response"])
+            headers.extend(precision_report.headers(precision, fallback))
+            sink = getattr(state.runtime, "metrics_sink", None)
+            if sink is not None:
+                sink.pending.inc(sink.child(sink.metrics.precision, route.name, backend.name, precision, fallback))
         if state.debug:
             headers.append(("x-adapter-route", route.name))
             headers.append(("x-adapter-backend", backend.name))
