@@ -18,7 +18,10 @@ What, in one report (pretty, or `--json` for scripts):
 - **qos** (configs with `spec.qos`): per SLO and objective the attainment over the matrix horizon, the
   workers' counts added up (`qos-<worker>.json` in the state dir, `extproc/qos/engine.aggregate`), the
   deviation and where the matrix is escalated; per tenant with a glitch threshold the last window's P99
-  and whether its breaker is open (in which workers).
+  and whether its breaker is open (in which workers);
+- **admission** (`spec.qos.admission`): per pool the gateway-wide slots held (every worker's slot file in
+  `<stateDir>/admission/`, read in place), each worker's concurrency limit, the requests waiting per class
+  and the lowest Jain's index (`admission-<worker>.json`, `extproc/qos/queue.admission_view`).
 Which supervisor: `--admin URL`, else the `--config FILE`'s `spec.processor.adminPort`, else 9902.
 Exit codes: 0 shown, 3 the supervisor cannot be reached.
 Cost: a few HTTP calls to the supervisor, one metrics scrape per engine endpoint (in parallel), one read of
@@ -138,6 +141,10 @@ def gather(admin: str) -> dict[str, Any]:
 
             doc["qos"] = aggregate(config.get("state_dir")) or {"workers": [], "slos": {}, "tenants": {},
                                                                 "note": "no worker has published yet"}
+            if snap.spec.spec.qos.admission:
+                from extproc.qos.queue import admission_view
+
+                doc["admission"] = admission_view(snap, config.get("state_dir"))
     try:
         r = httpx.get(f"{admin}/canary", timeout=5)
         doc["rollouts"] = r.json().get("rollouts", {}) if r.status_code == 200 else {"error": r.status_code}
@@ -199,6 +206,15 @@ def pretty(doc: dict[str, Any]) -> str:
             lines.append(f"  tenant {t}: glitch breaker {state}; last window P99 "
                          f"{'-' if p99 is None else f'{p99 * 1000:.2f} ms'} (threshold "
                          f"{(v.get('threshold_s') or 0) * 1000:g} ms), trips {v.get('trips', 0)}")
+    adm = doc.get("admission")
+    if adm is not None:
+        lines.append("admission:")
+        for name, p in adm.get("pools", {}).items():
+            limits = ", ".join(f"worker {w} {v.get('limit')}" for w, v in p["workers"].items()) or "none published"
+            waiting = ", ".join(f"{c} {n}" for c, n in sorted(p["waiting"].items())) or "none"
+            jain = [j for v in p["workers"].values() for j in (v.get("jain") or {}).values()]
+            lines.append(f"  pool {name}: in flight {p['in_flight']} (gateway-wide); limit {limits}; waiting "
+                         f"{waiting}" + (f"; Jain's index {min(jain):.3f}" if jain else ""))
     ro = doc.get("rollouts")
     if isinstance(ro, dict) and ro and "error" not in ro:
         lines.append("rollouts:")

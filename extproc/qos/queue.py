@@ -50,8 +50,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +70,7 @@ log = logging.getLogger(__name__)
 
 SLOT_ATTR = "qos.slot"  # state.attrs: the Slot a request holds until it ends
 DEFAULT_COMPLETION_TOKENS = 256  # the estimate's output part when a request names no max_tokens
+PUBLISH_EVERY = 0.5  # seconds between a worker's `admission-<worker>.json` files (adapterctl status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +287,7 @@ class PoolAdmission:
         self._seq = itertools.count()
         self._window: int | None = None
         self.own = 0  # slots this worker holds
+        self.on_tick: Callable[[float], None] | None = None  # Admission.maybe_publish: status while requests wait
 
     def configure(self, cfg: PoolConfig) -> None:
         self.cfg = cfg
@@ -379,6 +383,8 @@ class PoolAdmission:
         self._timer = None
         self.drain()
         self.schedule()
+        if self.on_tick is not None:
+            self.on_tick(self.clock())
 
     def close(self) -> None:
         """The pool left the config: admit everything waiting (it runs without a limit from now on)."""
@@ -460,6 +466,7 @@ class Admission:
         self._table: InflightTable | None = None
         self._registry = registry
         self._metrics: AdmissionMetrics | None = None
+        self._published = -1e18
 
     @property
     def metrics(self) -> AdmissionMetrics:
@@ -482,9 +489,35 @@ class Admission:
             p = self.pools.get(name)
             if p is None:
                 p = self.pools[name] = PoolAdmission(pc, self.table(), self.clock, self.metrics)
+                p.on_tick = self.maybe_publish
                 self.metrics.limit(name).set(p.limiter.limit)
             else:
                 p.configure(pc)
+
+    def maybe_publish(self, now: float) -> None:
+        if self.state_dir and now - self._published >= PUBLISH_EVERY:
+            self._published = now
+            self.publish()
+
+    def view(self) -> dict[str, Any]:
+        """This worker's pools, as published for `adapterctl status`."""
+        pools = {}
+        for name, p in self.pools.items():
+            lim = p.limiter
+            pools[name] = {"limit": lim.limit, "min_rtt_s": lim.min_rtt, "last_sample_rtt_s": lim.last_sample_rtt,
+                           "updates": lim.updates, "own_slots": p.own, "hold_s": p.hold,
+                           "waiting": {b.name: b.count for b in p.queue.bands.values() if b.count},
+                           "jain": {b.name: b.jain.last for b in p.queue.bands.values() if b.jain.last is not None}}
+        return {"worker": self.worker, "pid": os.getpid(), "time": time.time(), "pools": pools}
+
+    def publish(self) -> None:
+        path = Path(self.state_dir) / f"admission-{self.worker}.json"
+        tmp = path.with_suffix(f".json.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.view()))
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("cannot publish admission state to %s: %s", path, e)
 
     def deadline(self, arrival: float, route: Any, tenant: str | None, cls: str) -> float:
         """arrival + the smallest TTFT objective of the SLOs the request falls under, else + the route's timeout."""
@@ -507,6 +540,7 @@ class Admission:
         name = cls.name
         q = pool.queue
         now = self.clock()
+        self.maybe_publish(now)
         if not q.count:
             ok, n = pool.room()
             if ok:
@@ -569,6 +603,33 @@ class Admission:
         req = state.request
         # TTFT from the stream only for streamed answers (an unstreamed body comes whole at the end)
         slot.pool.release(state, first if first is not None and req is not None and req.stream else None)
+        self.maybe_publish(self.clock())
+
+
+def admission_view(snap: Any, state_dir: str | None, now: float | None = None) -> dict[str, Any]:
+    """For `adapterctl status`: per pool with admission, the gateway-wide slots held (every worker's slot
+    file, read in place) and each worker's published limit, waiting requests and Jain's index."""
+    qos = getattr(getattr(snap.spec, "spec", None), "qos", None)
+    names = [a.backend for a in (qos.admission if qos is not None else ()) if a.enabled]
+    table = InflightTable(Path(state_dir) / "admission", reader=True) if state_dir else None
+    now = time.time() if now is None else now
+    workers = []
+    for f in sorted(Path(state_dir).glob("admission-*.json")) if state_dir else ():
+        try:
+            workers.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    pools = {}
+    for name in names:
+        per = {str(w.get("worker")): {**w["pools"][name], "age_s": round(now - float(w.get("time", now)), 3)}
+               for w in workers if name in (w.get("pools") or {})}
+        waiting: dict[str, int] = {}
+        for v in per.values():
+            for c, n in (v.get("waiting") or {}).items():
+                waiting[c] = waiting.get(c, 0) + n
+        pools[name] = {"in_flight": table.get(f"pool:{name}") if table is not None else None,
+                       "waiting": waiting, "workers": per}
+    return {"pools": pools}
 
 
 def estimate_tokens(request: Any) -> int:
@@ -584,4 +645,4 @@ def estimate_tokens(request: Any) -> int:
 
 
 __all__ = ["AdmissionConfig", "PoolConfig", "compile_admission", "admission_of", "AdmissionQueue", "Waiter",
-           "PoolAdmission", "Admission", "AdmissionMetrics", "SLOT_ATTR", "estimate_tokens"]
+           "PoolAdmission", "Admission", "AdmissionMetrics", "SLOT_ATTR", "estimate_tokens", "admission_view"]

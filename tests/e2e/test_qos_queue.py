@@ -5,18 +5,20 @@ queue of 2: while one streamed request holds the slot, the next ones wait in the
 reply to their body yet); a full queue refuses a P1 request with 503 `queue_full` and a P2 request with
 429 `overloaded`, both with Retry-After, in the OpenAI error shape; a client that disconnects while queued
 leaves the queue (the next request is served, not timed out behind a leaked slot); once the slot frees a
-P0 request that came after a P2 one is served first. One worker, so the one queue is the gateway's.
+P0 request that came after a P2 one is served first; `adapterctl status` shows the slot held and who waits. One worker, so the one queue is the gateway's.
 Outcomes and order are asserted; the only waits are for the gateway to reach a state (metrics polled).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import httpx
 import pytest
 
+from extproc.cli import main
 from tests.e2e.conftest import metric_sum
 
 pytestmark = pytest.mark.e2e
@@ -87,7 +89,7 @@ def wait_for(st, name, value, timeout=15.0, **labels):
         time.sleep(0.02)
 
 
-def test_queue_full_shapes_disconnects_and_priority_order(stack_factory, tmp_path):
+def test_queue_full_shapes_disconnects_and_priority_order(stack_factory, tmp_path, capsys):
     cfg = tmp_path / "q.yaml"
     cfg.write_text(CONFIG)
     st = stack_factory(cfg, workers=1, simulate=True, simulator_args=("--decode-tokens-per-s", "20"))
@@ -102,6 +104,14 @@ def test_queue_full_shapes_disconnects_and_priority_order(stack_factory, tmp_pat
     gone, gone_out = in_background(chat, st, "std", timeout=1.0)  # gives up while queued
     wait_for(st, queued, 2, result="queued")
 
+    deadline = time.monotonic() + 10  # adapterctl status: the worker publishes at most every 0.5 s
+    while True:
+        assert main(["status", "--json", "--admin", st.processor_admin_url]) == 0
+        pool = json.loads(capsys.readouterr().out)["admission"]["pools"]["llm"]
+        if pool["waiting"] == {"P1": 2} or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert pool["waiting"] == {"P1": 2} and pool["in_flight"] == 1 and pool["workers"]["0"]["limit"] == 1
     full = chat(st, "std")
     assert full.status_code == 503, full.text
     assert full.headers["retry-after"] == "4"

@@ -302,3 +302,30 @@ def test_a_stuck_pool_does_not_keep_every_waiter_that_left():
     assert q.count == 10 and q.bytes == 10
     assert sum(len(h) for b in q.bands.values() for h in b.flows.values()) <= 2 * 64 + 10
     assert [q.pop().seq for _ in range(10)] == list(range(990, 1000)) and q.pop() is None
+
+
+def test_status_adds_up_the_workers_published_pools(tmp_path):
+    from extproc.qos.queue import admission_view
+    from extproc.status_cli import pretty
+
+    snap = load_text(CONFIG.format(admission="      - {backend: llm, maxWait: 500ms}"), "q.yaml")
+
+    async def main():
+        w0, w1 = admission(str(tmp_path), 0), admission(str(tmp_path), 1)
+        for w in (w0, w1):
+            await w.acquire(w.pools["llm"], req(), P1, 1, 0)
+        t = asyncio.create_task(w1.acquire(w1.pools["llm"], req(), P2, 1, 0))
+        await asyncio.sleep(0)
+        w0.publish()
+        w1.publish()
+        view = admission_view(snap, str(tmp_path))
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+        return view
+
+    view = asyncio.run(main())
+    pool = view["pools"]["llm"]
+    assert pool["in_flight"] == 2 and pool["waiting"] == {"P2": 1}
+    assert {w: v["limit"] for w, v in pool["workers"].items()} == {"0": 2, "1": 2}
+    text = pretty({"config": {}, "admission": view})
+    assert "pool llm: in flight 2 (gateway-wide); limit worker 0 2, worker 1 2; waiting P2 1" in text
