@@ -26,6 +26,7 @@ pipeline's hooks use are exactly what Envoy is configured to send for the route.
 | sql | admit, body-limit / sql-query, token-budget, dispatch / sql-query (the model's SQL checked and run) | adapter |
 | iot | admit, body-limit / parse-json, mqtt-command (publishes, answers itself) / - | adapter |
 | iot with a target | like llm, with mqtt-model-command for decode-response (the model's command published) | adapter |
+| websocket | admit, body-limit, websocket-upgrade, token-budget, dispatch / - / - (Envoy proxies the frames) | adapter |
 | health | health / - / - | adapter |
 
 Why: one spec per kind instead of if-chains over five files (schema, compile, stages, cli); a
@@ -168,6 +169,14 @@ def _sql(route: Any) -> list[Any]:
     return [*_front(), SqlQuery(), TokenBudgetAtBody(), DispatchAtBody()]
 
 
+def _websocket(route: Any) -> list[Any]:
+    from extproc.stages.dispatch import DispatchAtHeaders
+    from extproc.stages.token_budget import TokenBudgetAtHeaders
+    from extproc.stages.websocket_upgrade import WebSocketUpgrade
+
+    return [*_front(), WebSocketUpgrade(), TokenBudgetAtHeaders(), DispatchAtHeaders()]
+
+
 def _health(route: Any) -> list[Any]:
     from extproc.stages.health import Health
 
@@ -200,6 +209,8 @@ def kind_specs() -> Mapping[str, KindSpec]:
                  doc="device commands published over MQTT, the device's reply as the answer"),  # pragma: no mutate
         KindSpec("sql", _sql, api="openai", prefix=False, templates=True, needs_model=True, sql=True,
                  doc="questions answered by model-written SQL, checked and run read-only on a database"),  # pragma: no mutate
+        KindSpec("websocket", _websocket,
+                 doc="WebSocket upgrades admitted, charged and sent to the chosen endpoint; frames proxied by Envoy"),  # pragma: no mutate
         KindSpec("health", _health, prefix=False, doc="the processor's health and protocol-negotiation probe"),
     )
     return MappingProxyType({s.name: s for s in specs})

@@ -71,7 +71,8 @@ def derive_outcome(state: RequestState, completion: Completion | None) -> Outcom
             return Outcome.CANCELLED
         if completion.flags & TIMEOUT_FLAGS or completion.status == 504:
             return Outcome.TIMEOUT
-        if completion.flags & UPSTREAM_FAILURE_FLAGS:
+        # 101: an upgraded socket (websocket routes), whose normal end is a closed connection
+        if completion.flags & UPSTREAM_FAILURE_FLAGS and completion.status != 101:
             return Outcome.TRUNCATED if 0 < completion.status < 400 else Outcome.BACKEND_ERROR
     if state.observed is not None:
         return state.observed

@@ -46,6 +46,7 @@ spec:
     - {path: /erp, name: erp, kind: erp, target: llm, erp: {process: one.bpmn, service: "http://127.0.0.1:9005",
        timeout: 300ms, operations: {t: {path: '/o/{instance}'}}}}
     - {path: /devices, name: iot, kind: iot, iot: {commands: {ping: {topic: "d/{$.device}", payload: "{}"}}}}
+    - {path: /v1/realtime, name: websocket, kind: websocket, target: svc}
 """
 
 # The table in extproc/kinds.py's docstring, stage by stage and phase by phase.
@@ -77,10 +78,11 @@ STAGES = {
     "erp": {RH: ["admit", "body-limit"], RB: ["erp-action", "token-budget", "dispatch"], PH: ["erp-action"],
             PB: ["erp-action"]},
     "iot": {RH: ["admit", "body-limit"], RB: ["parse-json", "mqtt-command"]},
+    "websocket": {RH: ["admit", "body-limit", "websocket-upgrade", "token-budget", "dispatch"]},
 }
 DIALECT = {"erp": "adapter", "llm": "adapter", "passthrough": "adapter", "openai": "openai", "kserve": "kserve", "tensor": "adapter",
            "tool": "tool", "rest": "adapter", "health": "adapter", "anthropic-messages": "anthropic",
-           "openai-responses": "openai", "sql": "adapter", "iot": "adapter"}
+           "openai-responses": "openai", "sql": "adapter", "iot": "adapter", "websocket": "adapter"}
 # What Envoy is told per kind (ExtProcPerRoute processing_mode): the round trips a request costs.
 MODES = {
     "sql": ("SEND", "SEND", "BUFFERED", "BUFFERED"),  # the model's answer replaced by the rows
@@ -94,6 +96,7 @@ MODES = {
     "rest": ("SEND", "SEND", "BUFFERED", "BUFFERED"),
     "health": ("SEND", "SKIP", "NONE", "NONE"),
     "iot": ("SEND", "SKIP", "BUFFERED", "NONE"),  # the processor answers at the request body
+    "websocket": ("SEND", "SKIP", "NONE", "NONE"),  # the upgrade's headers only: the frames never reach us
     # the translations rewrite the response: its headers (content-length) and each streamed chunk
     "anthropic-messages": ("SEND", "SEND", "BUFFERED", "STREAMED"),
     "openai-responses": ("SEND", "SEND", "BUFFERED", "STREAMED"),
@@ -121,7 +124,7 @@ def route_of(snap, kind: str):
 def test_every_route_kind_has_a_spec_and_every_spec_a_kind():
     literals = set(typing.get_args(RouteKind))
     assert literals == {"llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "erp", "anthropic-messages",
-                        "openai-responses", "sql", "iot"}
+                        "openai-responses", "sql", "iot", "websocket"}
     assert set(kind_specs()) == literals | {"health"}
     # the schema's field uses that literal (a kind added to one and not the other is caught here)
     assert typing.get_args(RouteSpec.model_fields["kind"].annotation)[0] is RouteKind
@@ -188,7 +191,7 @@ def test_kind_properties():
     assert {k: s.api for k, s in ks.items()} == {
         "erp": "openai", "llm": "openai", "passthrough": None, "openai": "openai", "kserve": "kserve", "tensor": "kserve",
         "tool": "rest", "rest": "rest", "health": None, "anthropic-messages": "openai", "openai-responses": "openai", "sql": "openai",
-        "iot": None}
+        "iot": None, "websocket": None}
 
 
 def test_default_kind_is_llm_with_templates_and_passthrough_without():
