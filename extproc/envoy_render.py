@@ -36,6 +36,9 @@ What the generated config does:
   close idle below each backend kind's keep-alive and retire after 500 requests
   (`UPSTREAM_IDLE_TIMEOUT`, `UPSTREAM_MAX_REQUESTS_PER_CONNECTION`); endpoints refusing
   connections are ejected from the balancer (not from the processor's picks: retries move those);
+- only websocket routes (`kind: websocket`, docs/websocket.md) accept upgrades (route-level
+  `upgrade_configs`), with the route timeout off and the socket bounded by `websocket.idleTimeout`
+  and `maxDuration`; their ext_proc sees the upgrade request's headers only;
 - Envoy's own error replies (404 unknown route, 413 body too large, 503 backend down, 504) are
   JSON naming the reason and the backend; the processor's JSON errors pass through unchanged.
 The pieces (listener, route configuration, clusters, load assignments) are public: `render` puts
@@ -203,8 +206,7 @@ def _backend_route(route: Route, backend: Backend, tenant_header: str, digest: s
             {"name": ROUTE_TARGET_HEADER, "string_match": {"exact": route.name}},
             {"name": BACKEND_HEADER, "string_match": {"exact": backend.name}},
         ]},
-        "route": {"cluster": backend.cluster, "timeout": _duration(route.timeout),
-                  "retry_policy": upstream_retry_policy(route)},
+        "route": _route_action(route, backend),
         "request_headers_to_remove": [BACKEND_HEADER, ROUTE_TARGET_HEADER],
         "typed_per_filter_config": _ext_proc_per_route(route, tenant_header, digest),
         **_variant_header(route),
@@ -255,9 +257,24 @@ def _client_route(route: Route, tenant_header: str, digest: str) -> dict[str, An
     if route.backend is None:  # answered by the processor; reached only if it is down
         entry["direct_response"] = {"status": 503, "body": {"inline_string": "the processor did not answer"}}
     else:  # failure_mode open lands here unchanged when the processor is down
-        entry["route"] = {"cluster": route.backend.cluster, "timeout": _duration(route.timeout),
-                          "retry_policy": upstream_retry_policy(route)}
+        entry["route"] = _route_action(route, route.backend)
     return entry
+
+
+def _route_action(route: Route, backend: Backend) -> dict[str, Any]:
+    """The RouteAction to `backend`: the route's timeout and retries; a websocket route (docs/websocket.md)
+    accepts upgrades (only its entries: every other route refuses them) with the route timeout off (it
+    would cut a live socket), `websocket.idleTimeout` as the stream idle timeout and `maxDuration` as the
+    socket's longest life."""
+    action: dict[str, Any] = {"cluster": backend.cluster, "timeout": _duration(route.timeout),
+                              "retry_policy": upstream_retry_policy(route)}
+    ws = route.websocket
+    if route.kind == "websocket" and ws is not None:
+        action["timeout"] = "0s"
+        action["idle_timeout"] = _duration(ws.idle_timeout)
+        action["upgrade_configs"] = [{"upgrade_type": "websocket"}]
+        action["max_stream_duration"] = {"max_stream_duration": _duration(ws.max_duration)}
+    return action
 
 
 def _local_reply_config() -> dict[str, Any]:

@@ -151,6 +151,18 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         elif r.iot is not None:
             issue(base + ("iot",), "only iot routes (kind: iot) have an iot block")
             continue
+        websocket = None
+        if kind == "websocket":
+            from extproc.config.schema import WebSocketSpec
+
+            websocket = r.websocket or WebSocketSpec()
+            if "timeout" in r.policy.model_fields_set:
+                issue(base + ("policy", "timeout"), "a websocket route's sockets are bounded by websocket.idleTimeout "
+                      "and websocket.maxDuration, not policy.timeout")
+                continue
+        elif r.websocket is not None:
+            issue(base + ("websocket",), "only websocket routes (kind: websocket) have a websocket block")
+            continue
         if not ks.templates and (r.request or r.transform or r.output_schema):
             issue(base + ("kind",), f"a {kind} route forwards bodies as they are: request, transform and "
                   "outputSchema need kind: llm or tensor")
@@ -220,16 +232,18 @@ def compile_snapshot(gw: AdapterGateway, smap: SourceMap, generation: int = 1, d
         route = Route(
             name=name, path=r.path, kind=kind, backend=backend, model=model, request=request,
             transform=transform, response_schema=schema, failure_mode=r.policy.failure_mode,
-            max_body_bytes=r.policy.max_body_bytes, timeout=r.policy.timeout, match=r.match,
+            max_body_bytes=r.policy.max_body_bytes, match=r.match,
+            # a websocket route's request lasts as long as its socket (lifecycle waits that long for its end)
+            timeout=websocket.max_duration if websocket is not None else r.policy.timeout,
             tenant_header=r.policy.tenant_header, tools=tools, mapping=mapping, sql=sql, erp=erp,
             backends=tuple(dict.fromkeys(resolved)), dialect=ks.dialect, picker=picker,
             structured_fallback=r.policy.structured_fallback,
-            server_timing=r.server_timing, iot=iot,
+            server_timing=r.server_timing, iot=iot, websocket=websocket,
         )
         if r.server_timing is not None:
             from extproc.attribution import check_route
 
-            timing_problems = check_route(r.server_timing, kind, kind not in ("passthrough", "kserve"),
+            timing_problems = check_route(r.server_timing, kind, kind not in ("passthrough", "kserve", "websocket"),
                                           {t.id for t in spec.tenants})
             for where, why in timing_problems:
                 issue(base + where, why)

@@ -260,7 +260,15 @@ class RoutePolicy(_Model):
 
 
 RouteKind = Literal["llm", "passthrough", "openai", "kserve", "tensor", "tool", "rest", "erp", "anthropic-messages",
-                    "openai-responses", "sql", "iot"]
+                    "openai-responses", "iot", "sql", "websocket"]
+
+
+class WebSocketSpec(_Model):
+    """`routes[].websocket`: how long an upgraded socket of a websocket route may live (docs/websocket.md).
+    Envoy's route timeout is off for these routes (it would cut a live socket); these two bound it instead."""
+    idle_timeout: Duration = 300.0  # no frame either way for this long: the socket is reset
+    max_duration: Duration = 3600.0  # a socket's whole life at most (Envoy closes it; the request ends then)
+    require_upgrade: bool = True  # a request without `Upgrade: websocket` gets 426; false: forwarded as plain HTTP
 
 
 class BrokerSpec(_Model):
@@ -401,6 +409,7 @@ class RouteSpec(_Model):
     bundle: Annotated[str, Field(pattern=BUNDLE_REF)] | None = None
     server_timing: ServerTimingSpec | None = None  # latency attribution (docs/attribution.md); off by default
     iot: "IotSpec | None" = None  # kind iot: device commands over MQTT (docs/iot-adapter.md)
+    websocket: WebSocketSpec | None = None  # kind websocket: socket lifetime limits (docs/websocket.md)
 
 
 class BundleRouteSpec(_Model):

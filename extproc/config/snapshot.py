@@ -218,6 +218,7 @@ class Route:
     structured_fallback: str = "prompt"  # policy.structuredFallback: "prompt" or "refuse" (docs/dialects.md)
     server_timing: Any = None  # schema.ServerTimingSpec: latency attribution (extproc/attribution.py), None: off
     iot: Any = None  # iot routes: extproc.iot.commands.IotRoute (broker, commands)
+    websocket: Any = None  # websocket routes: schema.WebSocketSpec (idle timeout, max duration, upgrade required)
 
     def backend_for_model(self, model: str | None) -> Backend | None:
         """The first target serving `model` (a backend with no models listed serves any)."""
