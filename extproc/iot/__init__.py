@@ -5,5 +5,6 @@
 - `commands.py`: a route's `iot` block compiled once per config load (`IotRoute`, `Command`);
 - `client.py`: the worker's MQTT connections (`MqttClients`, held by the runtime, kept across reloads):
   QoS 1 publish, reply subscriptions, replies matched to requests by correlation id.
-The stage that uses them is `extproc/stages/mqtt_command.py`.
+The stages that use them: `extproc/stages/mqtt_command.py` (the command in the request) and
+`extproc/stages/mqtt_model_command.py` (the optional LLM step: the command in a model's answer).
 """
