@@ -42,7 +42,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -129,7 +129,7 @@ class SqlConfig:
     max_tokens: int = 512
     question_field: str = "question"
     namespace: str = "main"  # the schema its tables are in: SQLite `main`, PostgreSQL `sql.schema`
-    glot: Mapping[str, Mapping[str, str]] = field(default_factory=dict, compare=False)
+    glot: Any = None  # sqlglot MappingSchema of `schema`, built once at load (check_sql only reads it)
 
     def user_prompt(self, question: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": question}]
@@ -273,9 +273,11 @@ def compile_sql(database: str, *, base: Path, tables: tuple[str, ...] = (), sche
         raise SqlConfigError(f"the schema of {len(schema.tables)} tables is {size} bytes, over maxSchemaBytes "
                              f"{max_schema_bytes}: list the tables the model may use in `tables`, or raise "
                              "maxSchemaBytes")
+    from sqlglot.schema import MappingSchema
+
     return SqlConfig(where, engine, schema, system_prompt(schema, max_rows), max_rows, timeout, max_tokens,
                      question_field, schema_name if engine == "postgresql" else "main",
-                     MappingProxyType(schema.glot_schema()))
+                     MappingSchema(schema.glot_schema(), dialect=schema.dialect))
 
 
 # -- checking -------------------------------------------------------------------------------------------
@@ -337,19 +339,20 @@ def check_sql(text: str, config: SqlConfig) -> Checked:
                              "tables are)")
         if name not in config.schema.tables and name not in ctes:
             raise SqlRefused("unknown_table", f"table {t.name} is not in the schema")
-    try:
-        qualify(tree.copy(), schema={k: dict(v) for k, v in config.glot.items()}, dialect=dialect,
-                validate_qualify_columns=True, quote_identifiers=False)
+    own = _literal_limit(tree.args.get("limit"))
+    if own is not None and own <= config.max_rows:
+        checked = Checked(tree.sql(dialect=dialect), own, False)
+    else:
+        tree = tree.limit(config.max_rows + 1, copy=False)
+        checked = Checked(tree.sql(dialect=dialect), config.max_rows + 1, True)
+    try:  # rendered above: qualifying rewrites the tree in place (aliases, quotes), which is not what runs
+        qualify(tree, schema=config.glot, dialect=dialect, validate_qualify_columns=True, quote_identifiers=False,
+                identify=False)
     except OptimizeError as e:
         raise SqlRefused("unknown_column", f"{e}".split(". Line:")[0]) from None
     except SqlglotError as e:
         raise SqlRefused("parse_error", f"the model's SQL could not be resolved: {e}") from None
-    limit = tree.args.get("limit")
-    own = _literal_limit(limit)
-    if own is not None and own <= config.max_rows:
-        return Checked(tree.sql(dialect=dialect), own, False)
-    tree = tree.limit(config.max_rows + 1, copy=False)
-    return Checked(tree.sql(dialect=dialect), config.max_rows + 1, True)
+    return checked
 
 
 def _literal_limit(limit: Any) -> int | None:
