@@ -201,7 +201,7 @@ class ErpAction:
         except ToolCallError as e:
             err = e.to_error()
             return reject(422, "invalid_action_arguments", err["message"], instance=instance, action=call.name,
-                          errors=err.get("errors"))
+                          errors=err.get("errors"), **fields)
         after = advance(erp.process, position, task)
         http = client(state, self._own)
         try:
