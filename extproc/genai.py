@@ -51,6 +51,7 @@ GENERATIVE_KINDS = frozenset({"openai", "vllm"})
 OPERATIONS = {"openai.chat": "chat", "anthropic.messages": "chat", "openai.responses": "chat", "document": "chat",
               "openai.completions": "text_completion", "openai.embeddings": "embeddings"}
 ESTIMATED_EVENTS_ATTR = "genai.sse_events"  # state.attrs: SSE events with a JSON payload the stream saw
+ANSWER_ATTR = "genai.answer"  # state.attrs: an llm route's backend answer without usage (for the estimate)
 
 
 def split_address(address: str | None) -> tuple[str, str]:
@@ -68,7 +69,9 @@ def estimate_output_tokens(state: RequestState) -> int | None:
     events = state.attrs.get(ESTIMATED_EVENTS_ATTR)
     if events:
         return max(0, events - 1)  # the last JSON event of an OpenAI stream is usually the finish chunk
-    pending = state.attrs.get("pending")  # openai-usage keeps a JSON answer's bytes (up to its limit)
+    # openai-usage keeps a JSON answer's bytes (up to its limit); decode-response an llm route's answer
+    # when the backend reported no usage
+    pending = state.attrs.get("pending") or state.attrs.get(ANSWER_ATTR)
     if not pending or state.attrs.get("sse"):
         return None
     try:
@@ -173,4 +176,5 @@ class GenAiObserver:
                 sink.tpot(key, tpot)
 
 
-__all__ = ["GenAiObserver", "PrometheusSink", "split_address", "estimate_output_tokens", "ESTIMATED_EVENTS_ATTR"]
+__all__ = ["GenAiObserver", "PrometheusSink", "split_address", "estimate_output_tokens", "ESTIMATED_EVENTS_ATTR",
+           "ANSWER_ATTR"]

@@ -30,6 +30,7 @@ import orjson
 from backends.base import BackendError
 from extproc.errors import reject
 from extproc import precision as precision_report
+from extproc.genai import ANSWER_ATTR, GENERATIVE_KINDS
 from extproc.negotiate import DIALECT_ATTR, REPAIRED_ATTR
 from extproc.stages.dispatch import backend_of
 from extproc.stages.encode_request import variant_route
@@ -84,6 +85,8 @@ class DecodeResponse:
         except BackendError as e:
             return reject(e.status, e.code, e.message, backend=backend.name)
         state.usage = backend.adapter.usage(doc["response"])
+        if not state.usage.total_tokens and backend.kind in GENERATIVE_KINDS:  # no usage: the GenAI metric estimates
+            state.attrs[ANSWER_ATTR] = state.attrs.get(REPAIRED_ATTR, msg.body)
         if route.transform is None:
             body = orjson.dumps(doc["output"])
         else:

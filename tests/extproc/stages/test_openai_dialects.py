@@ -105,3 +105,29 @@ def test_no_usage_chunk_is_added_when_the_client_did_not_ask(snap):
     _, (first, last) = stream(snap, include_usage=False)
     body = last.body if isinstance(last, Mutate) and last.body is not None else CHUNK + DONE
     assert b'"usage"' not in body and body.endswith(DONE)
+
+
+def test_an_llm_answer_without_usage_is_estimated_from_its_text():
+    """A backend that reports no usage on an llm route: decode-response keeps the answer, and the GenAI
+    metric's output estimate (extproc/genai.py, labelled estimated) is its text's characters / 4."""
+    from extproc.genai import ANSWER_ATTR, estimate_output_tokens
+    from extproc.stages.decode_response import DecodeResponse
+
+    snap = load_text("""\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: llm}
+spec:
+  modelRef: m
+  backends: [{name: b, endpoints: ["127.0.0.1:8001"]}]
+  routes: [{path: /a, target: b}]
+""")
+    answer = orjson.dumps({"choices": [{"message": {"content": "twelve chars"}}]})
+    for usage, expected in ((None, 3), ({"prompt_tokens": 4, "completion_tokens": 5}, None)):
+        st = RequestState(snapshot=snap, route=snap.routes["a"], started=0.0, request_id="rid")
+        st.backend_request, st.response_status, st.input_doc = b"{}", 200, {}
+        body = answer if usage is None else orjson.dumps({**orjson.loads(answer), "usage": usage})
+        v = DecodeResponse().on_response_body(st, HttpMessage(Phase.RESPONSE_BODY, body=body, end_of_stream=True))
+        assert isinstance(v, Mutate) and v.body == b'"twelve chars"'
+        assert (ANSWER_ATTR in st.attrs) is (usage is None)
+        assert (estimate_output_tokens(st) if usage is None else st.usage.completion_tokens) == (expected or 5)
