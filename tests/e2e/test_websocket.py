@@ -74,6 +74,7 @@ spec:
   routes:
     - {{path: /v1/realtime, kind: websocket, target: realtime, plugins: [by-tenant], websocket: {{idleTimeout: 30s}}}}
     - {{path: /ws/spread, kind: websocket, target: realtime, plugins: [spread]}}
+    - {{path: /ws/idle, kind: websocket, target: realtime, websocket: {{idleTimeout: 1s}}}}
     - {{path: /ws/down, kind: websocket, target: gone}}
     - {{path: /ws/lenient, kind: websocket, target: plain, websocket: {{requireUpgrade: false}}}}
     - {{path: /plain, kind: passthrough, target: plain}}
@@ -163,6 +164,24 @@ def test_an_open_socket_counts_in_flight_on_its_endpoint_until_it_closes(gateway
         assert {one, other} == {"a", "b"}
 
 
+def test_an_idle_socket_is_closed_at_the_routes_idle_timeout_and_a_busy_one_is_not(gateway):
+    async def session() -> tuple[int, int]:
+        async with connect(ws_url(gateway, "/ws/idle"), additional_headers={"x-tenant-id": "acme"}) as ws:
+            await hello(ws)
+            echoed = 0
+            for i in range(6):  # frames every 0.3 s keep it alive past its 1 s idle timeout
+                await ws.send(f"tick {i}")
+                assert await ws.recv() == f"tick {i}"
+                echoed += 1
+                await asyncio.sleep(0.3)
+            with pytest.raises(ConnectionClosed):  # then silence: Envoy resets it
+                await asyncio.wait_for(ws.recv(), 20)
+            return echoed, ws.close_code
+
+    echoed, code = run(session())
+    assert echoed == 6 and code != 1000  # not a clean close: the proxy cut it (1006)
+
+
 def test_server_side_close_reaches_the_client_with_its_code_and_reason(gateway):
     async def session() -> tuple[int, str]:
         async with connect(ws_url(gateway, "/v1/realtime"), additional_headers={"x-tenant-id": "globex"}) as ws:
@@ -237,3 +256,52 @@ def test_routes_of_other_kinds_refuse_upgrades(gateway):
     assert json.loads(body)["error"]["code"] == "upgrade_failed"  # Envoy's own refusal: no processor, no backend
     status, _ = run(refused(gateway, "/no/such/route", "acme"))
     assert status in (403, 404)
+
+
+# --- config and Envoy rendering (no processes) ------------------------------------------------------
+
+def test_example_config_renders_upgrades_on_the_websocket_route_only():
+    from extproc.config.loader import load_file
+    from extproc.envoy_render import processing_mode, route_configuration
+
+    snap = load_file(ROOT / "examples" / "websocket.yaml")
+    route = snap.routes["v1-realtime"]
+    assert route.kind == "websocket" and route.timeout == 1800.0  # the lifecycle waits maxDuration for its end
+    assert processing_mode(route) == {"request_header_mode": "SEND", "response_header_mode": "SKIP",
+                                      "request_body_mode": "NONE", "response_body_mode": "NONE"}
+    entries = {e["name"]: e for e in route_configuration(snap)["virtual_hosts"][0]["routes"]}
+    for name in ("v1-realtime", "v1-realtime--realtime"):  # the client's entry and the processor-chosen one
+        action = entries[name]["route"]
+        assert action["upgrade_configs"] == [{"upgrade_type": "websocket"}]
+        assert action["timeout"] == "0s" and action["idle_timeout"] == "120.000s"
+        assert action["max_stream_duration"] == {"max_stream_duration": "1800.000s"}
+    others = [e for n, e in entries.items() if not n.startswith("v1-realtime")]
+    assert others and all("upgrade_configs" not in e.get("route", {}) for e in others)
+    assert entries["v1"]["route"]["timeout"] == "60.000s"
+
+
+@pytest.mark.parametrize("change, where, why", [
+    (("      plugins: [spread]\n", "      plugins: [spread]\n      policy: {timeout: 5s}\n"),
+     "spec.routes[0].policy.timeout", "bounded by websocket.idleTimeout and websocket.maxDuration"),
+    (("target: realtime}", "target: realtime, websocket: {idleTimeout: 1s}}"),
+     "spec.routes[1].websocket", "only websocket routes (kind: websocket) have a websocket block"),
+    (("idleTimeout: 2m", "idleTimeout: 0s"), "spec.routes[0].websocket.idleTimeout", "duration must be positive"),
+    (("requireUpgrade: true", "requireUpgrades: true"), "spec.routes[0].websocket.requireUpgrades", "unknown field"),
+])
+def test_bad_websocket_config_names_file_line_field_and_reason(change, where, why):
+    from extproc.config.loader import ConfigError, load_text
+
+    text = (ROOT / "examples" / "websocket.yaml").read_text()
+    assert text.count(change[0]) == 1
+    with pytest.raises(ConfigError) as e:
+        load_text(text.replace(*change), filename="gw.yaml")
+    msg = str(e.value)
+    assert f": {where}: " in msg and why in msg and "gw.yaml:" in msg
+
+
+def test_upgrade_header_detection():
+    from extproc.stages.websocket_upgrade import is_upgrade
+
+    assert is_upgrade({"upgrade": "websocket", "connection": "Upgrade"})
+    assert is_upgrade({"upgrade": "WebSocket"}) and is_upgrade({"upgrade": "h2c, websocket"})
+    assert not is_upgrade({"upgrade": "h2c"}) and not is_upgrade({}) and not is_upgrade(None)
