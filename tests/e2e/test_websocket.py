@@ -178,8 +178,11 @@ def test_an_idle_socket_is_closed_at_the_routes_idle_timeout_and_a_busy_one_is_n
                 await asyncio.wait_for(ws.recv(), 20)
             return echoed, ws.close_code
 
+    url = gateway.processor_admin_url + "/metrics"
     echoed, code = run(session())
     assert echoed == 6 and code != 1000  # not a clean close: the proxy cut it (1006)
+    # the access log's stream-idle-timeout flag: the request ended as a timeout
+    assert wait_metric(url, "adapter_processor_requests_total", 1, route="ws-idle", outcome="timeout") == 1
 
 
 def test_server_side_close_reaches_the_client_with_its_code_and_reason(gateway):
