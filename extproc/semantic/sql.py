@@ -17,7 +17,7 @@ What:
   INTO, FOR UPDATE/SHARE), names a table that is not in the schema or its CTEs (`unknown_table`), a
   column no table in scope has (`unknown_column`: sqlglot's qualify with the schema), or calls a
   function that writes, sleeps, reads files or administers the server (`forbidden_function`:
-  `FORBIDDEN_FUNCTIONS`, any `pg_*`/`lo_*` function). The outermost LIMIT is capped: none or one
+  `FORBIDDEN_FUNCTIONS`, any `pg_*`/`lo_*`/`pragma_*` function, any `*_to_xml*` one). The outermost LIMIT is capped: none or one
   over `sql.maxRows` becomes LIMIT maxRows + 1 (the extra row only tells `truncated`), a smaller
   literal one is kept. The SQL that runs is the parsed tree rendered again, not the model's text.
 - `Connections.run(config, checked)`: the statement on a read-only connection with a deadline.
@@ -54,15 +54,17 @@ MAX_SCHEMA_BYTES = 8192
 POOL_SIZE = 4  # idle PostgreSQL connections kept per database and worker
 PROGRESS_STEPS = 1000  # SQLite VM instructions between deadline checks
 
-# functions that write, sleep, read or write files, load code or administer the server; any pg_* and
-# lo_* function is refused too (PostgreSQL's admin, file and large-object functions)
+# functions that write, sleep, read or write files, load code or administer the server; any pg_*, lo_*
+# and pragma_* function is refused too (PostgreSQL's admin, file and large-object functions; SQLite's
+# pragma table-valued functions, which read the schema past `sql.tables`), and any *_to_xml* one
+# (PostgreSQL's query_to_xml and kin run the SQL text they are given)
 FORBIDDEN_FUNCTIONS = frozenset({
     "sleep", "benchmark", "set_config", "nextval", "setval", "currval", "lastval", "dblink", "dblink_exec",
     "load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "zeroblob", "randomblob",
     "query_to_xml", "query_to_xml_and_xmlschema", "table_to_xml", "database_to_xml", "cursor_to_xml",
     "txid_current", "current_setting", "lo_import", "lo_export", "copy",
 })
-FORBIDDEN_PREFIXES = ("pg_", "lo_")
+FORBIDDEN_PREFIXES = ("pg_", "lo_", "pragma_")
 
 
 class SqlConfigError(Exception):
@@ -327,7 +329,7 @@ def check_sql(text: str, config: SqlConfig) -> Checked:
             raise SqlRefused("not_read_only", f"only a SELECT runs; the model's SQL contains {what}")
         if isinstance(node, exp.Func):
             name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
-            if name in FORBIDDEN_FUNCTIONS or name.startswith(FORBIDDEN_PREFIXES):
+            if name in FORBIDDEN_FUNCTIONS or name.startswith(FORBIDDEN_PREFIXES) or "_to_xml" in name:
                 raise SqlRefused("forbidden_function", f"function {name}() is not allowed")
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     for t in tree.find_all(exp.Table):

@@ -15,7 +15,8 @@ event loop keeps serving other streams). The client gets 200 with `{"sql", "colu
 Refusals, in the route's dialect and logged (warning, with the model's SQL): 422 `sql_refused` with
 `reason` (`parse_error`, `multiple_statements`, `not_read_only`, `unknown_table`, `unknown_column`,
 `forbidden_function`) and the `sql` refused; 504 `sql_timeout`; 502 `sql_error` (the database
-refused the query: a runtime error) and `backend_bad_response` (no answer text); a backend's own
+refused the query: a runtime error), `sql_result_too_large` (the encoded rows over MAX_RESULT_BYTES,
+1 MiB) and `backend_bad_response` (no answer text); a backend's own
 error is sanitised like decode-response (502/4xx `backend_error`, its body only in the log).
 Parameters: the route's `sql` block (docs/sql-adapter.md). Connections: the worker's
 `Connections` in `Runtime.cache("sql")` (PostgreSQL connections kept idle, SQLite one per query).
@@ -42,6 +43,7 @@ from extproc.types import HttpMessage, Mutate, RequestState, Verdict
 CACHE = "sql"
 ERROR_LOG_LIMIT = 2048  # bytes of a backend's error body written to the log
 CHAT_PATH = "/v1/chat/completions"
+MAX_RESULT_BYTES = 1024 * 1024  # the encoded rows, at most (a query can build huge values within its timeout)
 log = logging.getLogger(__name__)
 
 
@@ -139,6 +141,11 @@ class SqlQuery:
             except MissingPathError as e:
                 return reject(502, "transform_path_missing", f"response transform: {e.path} not found in the result",
                               path=e.path)
+        if len(body) > MAX_RESULT_BYTES:
+            log.warning("route %s: the result of request %s is %d bytes, over %d (result_too_large); SQL: %r", route.name,
+                        state.request_id, len(body), MAX_RESULT_BYTES, checked.sql[:ERROR_LOG_LIMIT])
+            return reject(502, "sql_result_too_large", f"the query's result is {len(body)} bytes, over the gateway's "
+                          f"{MAX_RESULT_BYTES}", reason="result_too_large", sql=checked.sql)
         return Mutate(set_headers=((":status", "200"), ("content-type", "application/json"),
                                    ("x-adapter-sql-rows", str(len(result.rows)))),
                       remove_headers=("content-length",), body=body)

@@ -92,6 +92,10 @@ def test_a_missing_empty_or_oversized_database_is_a_config_error(tmp_path):
     ("SELECT randomblob(1000000000)", "forbidden_function", "randomblob"),
     ("SELECT load_extension('evil')", "forbidden_function", "load_extension"),
     ("SELECT pg_sleep(10)", "forbidden_function", "pg_sleep"),
+    ("SELECT pg_catalog.pg_sleep(10)", "forbidden_function", "pg_sleep"),
+    ("SELECT name FROM pragma_table_info('customers')", "forbidden_function", "pragma_table_info"),
+    ("SELECT query_to_xml('DELETE FROM orders', true, true, '')", "forbidden_function", "query_to_xml"),
+    ("SELECT * FROM sqlite_schema", "unknown_table", "sqlite_schema"),
 ])
 def test_refusals_name_the_reason(cfg, sql, reason, says):
     with pytest.raises(SqlRefused) as e:

@@ -114,6 +114,8 @@ async def test_the_route_transform_maps_the_result(snap):
     ("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT COUNT(*) FROM c", 504, "sql_timeout",
      "timeout"),
     ("SELECT 1 / 0 + abs(-9223372036854775808)", 502, "sql_error", "database_error"),
+    ("SELECT printf('%.*c', 700000, 'x') AS a, printf('%.*c', 700000, 'y') AS b", 502, "sql_result_too_large",
+     "result_too_large"),
 ])
 async def test_refused_and_failed_sql_are_errors_naming_the_reason(snap, caplog, sql, status, code, reason):
     stage, st = SqlQuery(), state(snap)
