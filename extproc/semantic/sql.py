@@ -52,6 +52,7 @@ MAX_ROWS = 100
 TIMEOUT_S = 2.0
 MAX_SCHEMA_BYTES = 8192
 POOL_SIZE = 4  # idle PostgreSQL connections kept per database and worker
+IDLE_CLOSE_S = 300.0  # a database (URL, timeout) no query used for this long has its idle connections closed
 PROGRESS_STEPS = 1000  # SQLite VM instructions between deadline checks
 
 # functions that write, sleep, read or write files, load code or administer the server; any pg_*, lo_*
@@ -396,10 +397,12 @@ def _result(columns: tuple[str, ...], rows: list[Any], checked: Checked, max_row
 class Connections:
     """A worker's database connections (one per `Runtime`, in `Runtime.cache("sql")`): idle PostgreSQL
     connections per database URL, at most POOL_SIZE each; SQLite opens one per query. Thread-safe
-    (queries run in worker threads)."""
+    (queries run in worker threads). Those of a database no query used for IDLE_CLOSE_S (a reload
+    changed its URL or timeout, or dropped the route) are closed at the next query."""
 
     def __init__(self) -> None:
         self._idle: dict[tuple[str, float], list[Any]] = {}
+        self._used: dict[tuple[str, float], float] = {}
         self._lock = threading.Lock()
 
     def run(self, config: SqlConfig, checked: Checked) -> Result:
@@ -411,9 +414,17 @@ class Connections:
         import psycopg
 
         key = (config.database, config.timeout)
+        now = time.monotonic()
         with self._lock:
             idle = self._idle.setdefault(key, [])
             conn = idle.pop() if idle else None
+            self._used[key] = now
+            stale = [k for k, t in self._used.items() if k != key and now - t >= IDLE_CLOSE_S]
+            closing = [c for k in stale for c in self._idle.pop(k, ())]
+            for k in stale:
+                del self._used[k]
+        for c in closing:
+            c.close()
         try:
             if conn is None:
                 conn = _pg_connect(config.database, config.timeout)

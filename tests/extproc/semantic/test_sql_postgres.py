@@ -88,3 +88,21 @@ def test_the_statement_timeout_and_the_read_only_transaction_are_the_databases(c
         assert conns.run(cfg, check_sql("SELECT COUNT(*) AS n FROM orders", cfg)).rows == [[3]]  # still usable
     finally:
         conns.close()
+
+
+def test_idle_connections_of_a_database_no_longer_queried_are_closed(cfg, pg, monkeypatch):
+    from dataclasses import replace
+
+    import extproc.semantic.sql as sql
+
+    conns = Connections()
+    try:
+        conns.run(cfg, check_sql("SELECT 1 AS one", cfg))
+        old = conns._idle[(cfg.database, cfg.timeout)][0]
+        monkeypatch.setattr(sql, "IDLE_CLOSE_S", 0.0)  # as if the old settings went unused for that long
+        other = replace(cfg, timeout=0.4)  # a reload changed the route's timeout: another pool key
+        conns.run(other, check_sql("SELECT 1 AS one", other))
+        assert old.closed and list(conns._idle) == [(cfg.database, 0.4)]
+    finally:
+        conns.close()
+
