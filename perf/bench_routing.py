@@ -193,6 +193,7 @@ class Req:
     model: str
     messages: tuple[dict, ...]
     max_tokens: int
+    headers: tuple[tuple[str, str], ...] = ()  # extra request headers (perf/bench_qos.py: tenant, objective)
 
     def prompt_tokens(self) -> int:
         return sum(math.ceil(len(m["content"].encode()) / TOKEN_BYTES) for m in self.messages)
@@ -422,12 +423,17 @@ def gateway_config(policy: str, fleet: Sequence[tuple[Node, Any, int]]) -> dict:
 
 
 def start_stack(policy: str, fleet, run_dir: Path):
+    return start_stack_config(policy, gateway_config(policy, fleet), run_dir)
+
+
+def start_stack_config(name: str, config: dict, run_dir: Path):
+    """A started Stack (1 processor worker, free ports) of `config` (perf/bench_qos.py passes its own)."""
     from extproc.stack import Stack, free_port, free_port_block
 
-    cfg = run_dir / f"gw-{policy}.yaml"
-    cfg.write_text(json.dumps(gateway_config(policy, fleet), indent=1))  # JSON is YAML
+    cfg = run_dir / f"gw-{name}.yaml"
+    cfg.write_text(json.dumps(config, indent=1))  # JSON is YAML
     st = Stack(str(cfg), listen_port=free_port(), admin_port=free_port(), processor_base_port=free_port_block(1),
-               processor_admin_port=free_port(), workers=1, run_dir=str(run_dir / policy))
+               processor_admin_port=free_port(), workers=1, run_dir=str(run_dir / name))
     return st.start()
 
 
@@ -496,7 +502,7 @@ async def one_request(client, url: str, r: Req, timeout: float) -> Result:
     usage_tokens = None
     done = False
     try:
-        async with client.stream("POST", url, json=body, timeout=timeout) as resp:
+        async with client.stream("POST", url, json=body, headers=dict(r.headers), timeout=timeout) as resp:
             res.status = resp.status_code
             if resp.status_code != 200:
                 await resp.aread()
