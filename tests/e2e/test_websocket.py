@@ -308,3 +308,17 @@ def test_upgrade_header_detection():
     assert is_upgrade({"upgrade": "websocket", "connection": "Upgrade"})
     assert is_upgrade({"upgrade": "WebSocket"}) and is_upgrade({"upgrade": "h2c, websocket"})
     assert not is_upgrade({"upgrade": "h2c"}) and not is_upgrade({}) and not is_upgrade(None)
+
+
+def test_an_upgraded_socket_ended_by_a_closed_connection_is_ok_other_closes_keep_their_outcome():
+    from extproc.lifecycle import Completion, derive_outcome
+    from extproc.types import Outcome, RequestState
+
+    def outcome(status: int, *flags: str) -> Outcome:
+        state = RequestState(snapshot=None, route=None, started=0.0, complete=True)
+        return derive_outcome(state, Completion(status=status, flags=frozenset(flags)))
+
+    assert outcome(101, "upstream_connection_termination") is Outcome.OK  # how every socket ends
+    assert outcome(200, "upstream_connection_termination") is Outcome.TRUNCATED  # an HTTP answer cut off
+    assert outcome(101, "stream_idle_timeout") is Outcome.TIMEOUT
+    assert outcome(101, "downstream_connection_termination") is Outcome.CANCELLED
