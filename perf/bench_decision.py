@@ -220,7 +220,7 @@ def decisions(b: Bench, n: int, salt: str, idle_s: float) -> list[int]:
 def plugin_times(b: Bench, n: int, salt: str) -> dict[str, float]:
     """Each plugin's p50 (us), back to back, called as SchedulingProfile.pick calls it (no explain)."""
     from extproc.scheduling import SchedulingContext
-    from extproc.scheduling.profile import _add_bounded, normalise
+    from extproc.scheduling import profile as prof
 
     sched, backend, rt = b.scheduler, b.backend, b.runtime
     acc: dict[str, list[int]] = {}
@@ -244,23 +244,24 @@ def plugin_times(b: Bench, n: int, salt: str) -> dict[str, float]:
             cands = tuple(e for e in cands if e in keep)
         if not cands:
             continue
-        totals = dict.fromkeys(cands, 0.0)
+        tot = [0.0] * len(cands)
         norm_ns = 0
         for name, scorer, weight, bounded in sched.scorers:
             t0 = perf_counter_ns()
             raw = scorer.score(ctx, cands)
             t1 = perf_counter_ns()
-            if not (bounded and _add_bounded(totals, raw, cands, weight)):
-                norm = normalise(raw, cands, bounded)
-                for e in cands:
-                    totals[e] += weight * norm[e]
+            if not prof.accumulate(tot, raw, cands, weight, bounded):
+                norm = prof.normalise(raw, cands, bounded)
+                for i, e in enumerate(cands):
+                    tot[i] += weight * norm[e]
             norm_ns += perf_counter_ns() - t1
             add(name, t1 - t0)
         if sched.scorers:
             add("normalise", norm_ns)
         name, picker = sched.picker
+        ranked = getattr(picker, "pick_ranked", None)
         t0 = perf_counter_ns()
-        picks = tuple(picker.pick(ctx, totals))
+        picks = tuple(ranked(ctx, cands, tot) if ranked is not None else picker.pick(ctx, dict(zip(cands, tot))))
         add(name, perf_counter_ns() - t0)
         if picks:
             for name, _slot, hook in sched.hooks:

@@ -15,8 +15,14 @@ instances the runtime keeps (their own state survives) and resets its once-per-r
    [0, 1]: a scorer class with `bounded = True` is only clamped, any other is min-max scaled over
    the candidates ((v - min) / (max - min); all equal -> 1.0 for every candidate that has a
    score); an endpoint the scorer left out, or a non-finite score, is 0. The total of an
-   endpoint is sum(weight * normalised);
-4. the picker orders the candidates from the totals: the pick, then fallbacks;
+   endpoint is sum(weight * normalised), summed in profile order. The framework keeps the totals
+   as one list in candidate order (the candidates are distinct: the config refuses a duplicate
+   endpoint) and adds each scorer's share with `accumulate` (in C, `_score.c`, when built; else
+   `accumulate_py`, the reference: the same floats bit for bit) when its scores are plain floats or
+   ints in a dict, else with `normalise`;
+4. the picker orders the candidates from the totals: the pick, then fallbacks (a picker with
+   `pick_ranked(ctx, candidates, totals)`, max-score-picker, gets the list; any other
+   `pick(ctx, {endpoint: total})`);
 5. every filter and scorer with a `picked(ctx, endpoint)` method is told the pick (in profile
    order; a learned index such as prefix-cache-scorer's records it there; GIE's PreRequest). A
    raising hook is logged and counted like its plugin's other failures; the pick stands.
@@ -38,8 +44,11 @@ candidates, the chosen endpoint and fallbacks (or the refusal) as attributes.
 Why: the GIE endpoint picker's shape (filters, scorers normalised by the framework, a picker),
 with the framework doing the timing, the normalisation and the error isolation so that a plugin is
 one small file with one formula.
-Cost: about 1 us of framework per plugin plus the plugins' own cost; the explanation adds a dict
-per scorer and a JSON encode, only when on.
+Cost: about 0.5 us of framework per plugin (its timing and buffered histogram observe; a filter that
+keeps everyone costs no new tuple) plus the plugins' own cost; the normalisation and sum of four
+bounded scorers over 8 candidates about 0.9 us in C (5.8 us before, in Python), the max-score ranking
+0.6 us (perf/bench_decision.py, 2 shared cores); the explanation adds a dict per scorer and a JSON
+encode, only when on (then the scores go through `normalise`).
 """
 
 from __future__ import annotations
@@ -84,11 +93,54 @@ def normalise(raw: Mapping[str, float], candidates: tuple[str, ...], bounded: bo
 
 _INF = math.inf
 
+try:  # the numeric loop in C (setup.py builds it; optional): the same totals and the same ranking
+    from extproc.scheduling import _score as _native
+except ImportError:  # not built: accumulate_py below
+    _native = None
+
+
+def accumulate_py(totals: list[float], raw: Mapping[str, float], candidates: tuple[str, ...], weight: float,
+                  bounded: bool) -> bool:
+    """`normalise(raw, candidates, bounded)` times `weight`, added into `totals` (a list in candidate order),
+    for the usual case of a dict of floats or ints (or missing scores); False, with `totals` untouched, when
+    a value is anything else (then the caller uses `normalise`). The reference of `_score.accumulate`."""
+    if not isinstance(raw, dict):
+        return False
+    get = raw.get
+    vals = [get(e) for e in candidates]
+    for v in vals:
+        if v is not None and v.__class__ is not float and v.__class__ is not int:
+            return False
+    try:
+        fv = [None if v is None else float(v) for v in vals]
+    except OverflowError:  # an int beyond a double: `normalise` decides (and fails, as float() does)
+        return False
+    if bounded:
+        for i, v in enumerate(fv):
+            if v is None:
+                continue
+            if 0.0 < v < 1.0:
+                totals[i] += weight * v
+            elif 1.0 <= v < _INF:
+                totals[i] += weight
+        return True
+    present = [v for v in fv if v is not None and math.isfinite(v)]
+    if not present:
+        return True
+    lo, hi = min(present), max(present)
+    span = hi - lo
+    for i, v in enumerate(fv):
+        if v is None or not math.isfinite(v):
+            continue
+        totals[i] += weight * 1.0 if hi == lo else weight * ((v - lo) / span)
+    return True
+
 
 def _add_bounded(totals: dict[str, float], raw: Mapping[str, float], candidates: tuple[str, ...],
                  weight: float) -> bool:
     """`normalise(raw, candidates, bounded=True)` times `weight`, added into `totals`, for the usual
-    case of float (or missing) scores; False, with `totals` untouched, when a value is anything else."""
+    case of float (or missing) scores; False, with `totals` untouched, when a value is anything else
+    (the totals-by-endpoint form of `accumulate_py`, which the profile itself uses)."""
     get = raw.get
     vals = [get(e) for e in candidates]
     for v in vals:
@@ -102,6 +154,9 @@ def _add_bounded(totals: dict[str, float], raw: Mapping[str, float], candidates:
         elif 1.0 <= v < _INF:
             totals[e] += weight
     return True
+
+
+accumulate = _native.accumulate if _native is not None else accumulate_py
 
 
 class SchedulingProfile:
@@ -127,6 +182,11 @@ class SchedulingProfile:
         scorers = [(s.name, rt.plugin(s), float(w)) for s, w in ref.scorers]
         self.scorers = tuple((n, inst, w, bool(getattr(inst, "bounded", False))) for n, inst, w in scorers)
         self.picker = (ref.picker.name, rt.plugin(ref.picker))
+        # a picker that ranks the totals as a list in candidate order (max-score-picker): no dict built for it
+        self._ranked = getattr(self.picker[1], "pick_ranked", None)
+        self._run_filters = tuple((n, f, None) for n, f in self.filters)
+        self._run_scorers = tuple((n, inst, w, b, None) for n, inst, w, b in self.scorers)
+        self._picker_child = None
         self.hooks = tuple((n, slot, inst.picked) for slot, plugins in
                            (("filter", self.filters), ("scorer", [(s[0], s[1]) for s in self.scorers]))
                            for n, inst in plugins if callable(getattr(inst, "picked", None)))
@@ -146,6 +206,10 @@ class SchedulingProfile:
                                        sink.child(m.scheduler_plugin_errors, self.name, n, slot))
         self._children = children
         self._decision_child = sink.child(m.scheduler_decision_duration, self.name)
+        # what pick() runs, with each plugin's duration histogram child beside it (no lookup per decision)
+        self._run_filters = tuple((n, f, children[("filter", n)][0]) for n, f in self.filters)
+        self._run_scorers = tuple((n, inst, w, b, children[("scorer", n)][0]) for n, inst, w, b in self.scorers)
+        self._picker_child = children[("picker", self.picker[0])][0]
 
     # --- the decision ------------------------------------------------------------------------------
 
@@ -168,18 +232,30 @@ class SchedulingProfile:
         span = trace.decision_start(self.name, backend.name, len(endpoints)) if trace is not None else None
         picks: tuple[str, ...] = ()
         try:
-            candidates = tuple(endpoints)
-            for name, f in self.filters:
+            candidates = endpoints if endpoints.__class__ is tuple else tuple(endpoints)
+            for name, f, child in self._run_filters:
                 t0 = perf_counter_ns()
                 try:
                     kept = f.filter(ctx, candidates)
-                    keep = kept if isinstance(kept, (set, frozenset, dict)) else set(kept)
-                    out = tuple(e for e in candidates if e in keep)
+                    if kept is candidates:
+                        out = candidates
+                    else:
+                        cls = kept.__class__
+                        if cls is tuple or cls is list:
+                            if len(kept) == len(candidates) and (cls is tuple and kept == candidates
+                                                                  or cls is list and tuple(kept) == candidates):
+                                out = candidates  # kept everyone, in order: the intersection is the input
+                            else:
+                                keep = set(kept)
+                                out = tuple([e for e in candidates if e in keep])
+                        else:
+                            keep = kept if isinstance(kept, (set, frozenset, dict)) else set(kept)
+                            out = tuple([e for e in candidates if e in keep])
                 except Exception:
                     self._failed(name, "filter", pending, children)
                     out = candidates
                 if pending is not None:
-                    pending.observe(children[("filter", name)][0], (perf_counter_ns() - t0) * 1e-9)
+                    pending.observe(child, (perf_counter_ns() - t0) * 1e-9)
                 if explain is not None:
                     explain["filters"].append({"plugin": name, "kept": list(out)})
                 candidates = out
@@ -190,38 +266,39 @@ class SchedulingProfile:
                         explain.update(pick=None, fallbacks=[],
                                        refused="overloaded" if sheddable else "no_capacity")
                     raise NoCapacity(self.name, backend.name, name, len(endpoints), sheddable, priority)
-            totals = dict.fromkeys(candidates, 0.0)
-            for name, scorer, weight, bounded in self.scorers:
+            acc = [0.0] * len(candidates)  # each candidate's total, in candidate order
+            for name, scorer, weight, bounded, child in self._run_scorers:
                 t0 = perf_counter_ns()
                 norm = None
                 try:
                     raw = scorer.score(ctx, candidates)
-                    if not (bounded and explain is None and _add_bounded(totals, raw, candidates, weight)):
-                        norm = normalise(raw, candidates, bounded)  # unbounded, explained, or not all floats
-                    if norm is not None:
-                        for e in candidates:
-                            totals[e] += weight * norm[e]
+                    if explain is not None or not accumulate(acc, raw, candidates, weight, bounded):
+                        norm = normalise(raw, candidates, bounded)  # explained, or not all plain numbers
+                        for i, e in enumerate(candidates):
+                            acc[i] += weight * norm[e]
                     ok = True
                 except Exception:
                     self._failed(name, "scorer", pending, children)
                     raw = norm = None
                     ok = False
                 if pending is not None:
-                    pending.observe(children[("scorer", name)][0], (perf_counter_ns() - t0) * 1e-9)
+                    pending.observe(child, (perf_counter_ns() - t0) * 1e-9)
                 if explain is not None:
                     explain["scorers"].append({
                         "plugin": name, "weight": weight, "bounded": bounded, "failed": not ok,
                         "raw": {e: _jsonable(raw.get(e)) for e in candidates} if ok else None,
                         "normalised": norm})
             name, picker = self.picker
+            ranked = self._ranked
+            totals = None if ranked is not None and explain is None else dict(zip(candidates, acc))
             t0 = perf_counter_ns()
             try:
-                picks = tuple(picker.pick(ctx, totals))
+                picks = tuple(ranked(ctx, candidates, acc) if ranked is not None else picker.pick(ctx, totals))
             except Exception:
                 self._failed(name, "picker", pending, children)
                 picks = candidates
             if pending is not None:
-                pending.observe(children[("picker", name)][0], (perf_counter_ns() - t0) * 1e-9)
+                pending.observe(self._picker_child, (perf_counter_ns() - t0) * 1e-9)
             if explain is not None:
                 explain.update(total=totals, pick=picks[0] if picks else None, fallbacks=list(picks[1:]))
             if picks and self.hooks:
