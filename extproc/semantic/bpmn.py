@@ -466,5 +466,5 @@ def _operation_tool(node: Node, op) -> tuple[Tool | None, tuple]:
                 node.id, f"/bpmn/{node.id}"), ()
 
 
-__all__ = ["BpmnError", "ErpRoute", "compile_erp", "Enabled", "Flow", "Node", "Process", "Route", "advance", "enabled", "initial_position",
-           "normalize", "parse_bpmn"]
+__all__ = ["BpmnError", "Enabled", "ErpRoute", "Flow", "Node", "Process", "Route", "advance", "compile_erp", "enabled",
+           "initial_position", "normalize", "parse_bpmn"]

@@ -205,7 +205,8 @@ async def test_the_services_own_refusal_is_422_with_its_answer_and_the_instance_
     await act(snap, erp, oid, "check_credit", {})
     out, _ = await act(snap, erp, oid, "reserve_stock", {"warehouse": "south", "quantity": 1})
     assert isinstance(out, Reject) and (out.status, out.code) == (422, "erp_action_refused")
-    assert out.fields["service_status"] == 409 and out.fields["detail"] == {"error": "credit not approved for this order"}
+    assert out.fields["service_status"] == 409
+    assert out.fields["detail"] == {"error": "credit not approved for this order"}
     assert instance(erp, oid)["position"] == ["Gateway_Credit"]
     out, _ = await act(snap, erp, oid, "reject_order", {"reason": "credit refused"})
     doc = orjson.loads(out.body)
@@ -274,7 +275,8 @@ async def test_no_tool_call_and_backend_errors(snap, erp):
     stage, st = ErpAction(), state(snap)
     await ask(stage, st, {"instance": oid})
     out = await respond(stage, st, b'{"error": "/srv/model internals"}', status=500)
-    assert isinstance(out, Reject) and (out.status, out.code) == (502, "backend_error") and "internals" not in out.message
+    assert isinstance(out, Reject) and (out.status, out.code) == (502, "backend_error")
+    assert "internals" not in out.message
     stage, st = ErpAction(), state(snap)
     await ask(stage, st, {"instance": oid})
     assert await respond(stage, st, b"upstream connect error", status=503, details="upstream_reset") == \
