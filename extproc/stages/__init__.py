@@ -19,7 +19,9 @@ def build_pipeline(route: Any, qos: Any = None, admission: Any = None) -> Pipeli
     if spec is None:
         raise ValueError(f"no pipeline for route kind {route.kind!r}")
     stages = spec.stages(route)
-    if qos is not None and route.kind != "health":
+    # websocket routes: a socket's life is no request latency for the SLO windows and breakers, it has no body
+    # for qos-engine (a body phase would make Envoy buffer the frames) and must not hold a queue slot for its life
+    if qos is not None and route.kind not in ("health", "websocket"):
         from extproc.stages.qos_admit import QosAdmit
         from extproc.stages.qos_engine import QosEngine
 

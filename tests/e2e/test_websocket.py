@@ -322,3 +322,18 @@ def test_an_upgraded_socket_ended_by_a_closed_connection_is_ok_other_closes_keep
     assert outcome(200, "upstream_connection_termination") is Outcome.TRUNCATED  # an HTTP answer cut off
     assert outcome(101, "stream_idle_timeout") is Outcome.TIMEOUT
     assert outcome(101, "downstream_connection_termination") is Outcome.CANCELLED
+
+
+def test_with_spec_qos_a_websocket_route_still_sends_only_the_upgrade_headers():
+    """qos-engine reads the request body: on a websocket route Envoy would buffer the frames as one (never
+    ending) body; and a socket's life is no request latency for the SLO windows. spec.qos leaves it out."""
+    from extproc.config.loader import load_text
+    from extproc.envoy_render import processing_mode
+    from extproc.types import Phase
+
+    text = (ROOT / "examples" / "websocket.yaml").read_text().replace("spec:\n", "spec:\n  qos: {}\n", 1)
+    snap = load_text(text, filename="gw.yaml")
+    route = snap.routes["v1-realtime"]
+    assert route.pipeline.phases == frozenset({Phase.REQUEST_HEADERS})
+    assert processing_mode(route)["request_body_mode"] == "NONE"
+    assert "qos-admit" in [n for n, _, _ in snap.routes["v1"].pipeline._hooks[Phase.REQUEST_HEADERS]]  # others keep it
