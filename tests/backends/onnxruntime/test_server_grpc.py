@@ -51,6 +51,15 @@ def test_grpc_infer_matches_onnxruntime(server: Server) -> None:
     np.testing.assert_array_equal(only.as_numpy("label"), label)
 
 
+def test_grpc_answer_names_its_precision(server: Server) -> None:
+    x = np.zeros((1, 8), np.float32)
+    preferred = _client(server).infer("fraud-mlp", [_input(x)]).get_response().parameters
+    assert preferred["precision"].string_param == "int8" and "precision_fallback" not in preferred
+    fallen = _client(server).infer("fallback-mlp", [_input(x)]).get_response().parameters
+    assert fallen["precision"].string_param == "fp16"
+    assert fallen["precision_fallback"].string_param == "int8:load_error"
+
+
 @pytest.mark.parametrize("model, array, datatype, code, needle", [
     ("no-such-model", np.zeros((1, 8), np.float32), "FP32", "StatusCode.NOT_FOUND", "no-such-model"),
     ("fraud-mlp", np.zeros((1, 8), np.float64), "FP64", "StatusCode.INVALID_ARGUMENT", "'features'"),
