@@ -329,10 +329,12 @@ def parse_wrk(out: str) -> WrkResult:
                      int(non2xx.group(1)) if non2xx else 0, sum(int(x) for x in sock.groups()) if sock else 0, out)
 
 
-def run_wrk(wrk: str, url: str, script: Path, connections: int, duration: float) -> WrkResult:
-    threads = 1 if connections == 1 else min(2, connections)
+def run_wrk(wrk: str, url: str, script: Path, connections: int, duration: float, threads: int | None = None,
+            prefix: tuple[str, ...] = ()) -> WrkResult:
+    """`threads` (default 1 at c=1, else 2) and `prefix` (e.g. `taskset -c 3`) for bench_scaling.py."""
+    threads = threads or (1 if connections == 1 else min(2, connections))
     duration = max(1, round(duration))  # wrk takes whole seconds
-    cmd = [wrk, "--latency", "-t", str(threads), "-c", str(connections), "-d", f"{duration}s",
+    cmd = [*prefix, wrk, "--latency", "-t", str(threads), "-c", str(connections), "-d", f"{duration}s",
            "--timeout", "5s", "-s", str(script), url]
     # subprocess.run kills wrk if we are interrupted.
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 30)
@@ -573,17 +575,18 @@ def verdict(rows: list[dict[str, Any]]) -> str:
 
 
 def _one(setup: str, s: dict[str, Any], route: str, c: int, wrk: str, script: Path, warmup: float, duration: float,
-         all_pids: list[int]) -> Point:
-    """One measured wrk run of one setup on one route at c connections, after its warm-up."""
+         all_pids: list[int], threads: int | None = None, prefix: tuple[str, ...] = ()) -> Point:
+    """One measured wrk run of one setup on one route at c connections, after its warm-up
+    (`threads`, `prefix`: run_wrk's, for bench_scaling.py)."""
     url = s["url"] + PATHS[route]
-    _check(run_wrk(wrk, url, script, c, warmup), f"warm-up {setup} {route} c={c}")
+    _check(run_wrk(wrk, url, script, c, warmup, threads, prefix), f"warm-up {setup} {route} c={c}")
     handler0 = processor_phase_time(s["processor_admin"]) if s.get("processor_admin") else None
     if setup != "bare":
         msgs0 = envoy_counter(s["admin"], "http.adapter.ext_proc.stream_msgs_sent")
         streams0 = envoy_counter(s["admin"], "http.adapter.ext_proc.streams_started")
     before = {p: cpu_seconds(p) for p in all_pids}
     wrk0, (busy0, steal0) = children_cpu(), machine_cpu()
-    res = run_wrk(wrk, url, script, c, duration)
+    res = run_wrk(wrk, url, script, c, duration, threads, prefix)
     busy1, steal1 = machine_cpu()
     used = {p: cpu_seconds(p) - before[p] for p in all_pids}
     cpu = {k: sum(used[p] for p in v) for k, v in s["procs"].items()}
