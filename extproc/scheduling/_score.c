@@ -11,6 +11,10 @@
  * returns the first `k` candidates by (-total, u): highest total first, ties by the drawn u, a
  * full tie by position (Python's sort is stable); exactly `MaxScorePicker.pick_ranked`'s Python
  * code.
+ * `predict(candidates, facts, loads, match, prompt_kb, request_tokens, kb_per_token, base, slot_wait,
+ * prefill, slo)` is predicted-ttft-scorer's per-candidate formula: exactly its `predict_py` (the
+ * reference), returning the same ({endpoint: score}, {endpoint: (wait, uncached KB, speed, KB ahead)});
+ * the floor division is CPython's own float `//` algorithm.
  * Why: in Python a scorer's normalisation and sum cost a list, a lookup and a few float objects per
  * candidate, and the pick a key tuple per candidate and a sort; here each is one pass over a
  * C array. Arithmetic is IEEE double in the same order as the Python code (built with
@@ -195,12 +199,119 @@ done:
     return out;
 }
 
+/* CPython's float floor division (Objects/floatobject.c float_floor_div), for wx != 0 */
+static double py_floordiv(double vx, double wx) {
+    double mod = fmod(vx, wx);
+    double div = (vx - mod) / wx;
+    if (mod) {
+        if ((wx < 0) != (mod < 0)) {
+            mod += wx;
+            div -= 1.0;
+        }
+    }
+    double floordiv;
+    if (div) {
+        floordiv = floor(div);
+        if (div - floordiv > 0.5) floordiv += 1.0;
+    } else {
+        floordiv = copysign(0.0, vx / wx);
+    }
+    return floordiv;
+}
+
+static int as_double(PyObject *o, double *out) {
+    *out = PyFloat_AsDouble(o);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *predict(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 11 || !PyTuple_Check(args[0]) || !PyList_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "predict(candidates: tuple, facts: list, loads: dict, match: dict, prompt_kb, "
+                                         "request_tokens, kb_per_token, base, slot_wait, prefill, slo)");
+        return NULL;
+    }
+    PyObject *cands = args[0], *facts = args[1], *loads = args[2], *match = args[3];
+    double prompt_kb, request_tokens, kb_per_token, base, slot_wait, prefill, slo;
+    if (as_double(args[4], &prompt_kb) || as_double(args[5], &request_tokens) || as_double(args[6], &kb_per_token) ||
+        as_double(args[7], &base) || as_double(args[8], &slot_wait) || as_double(args[9], &prefill) ||
+        as_double(args[10], &slo))
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(cands);
+    if (PyList_GET_SIZE(facts) < n) n = PyList_GET_SIZE(facts); /* zip() stops at the shorter */
+    PyObject *out = PyDict_New(), *features = PyDict_New();
+    if (out == NULL || features == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyTuple_GET_ITEM(cands, i), *f = PyList_GET_ITEM(facts, i);
+        if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) != 3) {
+            PyErr_SetString(PyExc_TypeError, "facts: (slots, speed, kv tokens or None) per candidate");
+            goto fail;
+        }
+        double slots, speed, kv = 0.0;
+        if (as_double(PyTuple_GET_ITEM(f, 0), &slots) || as_double(PyTuple_GET_ITEM(f, 1), &speed)) goto fail;
+        int has_kv = PyTuple_GET_ITEM(f, 2) != Py_None;
+        if (has_kv && as_double(PyTuple_GET_ITEM(f, 2), &kv)) goto fail;
+        PyObject *load = PyDict_GetItemWithError(loads, e);
+        if (load == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, e);
+            goto fail;
+        }
+        if (!PyTuple_Check(load) || PyTuple_GET_SIZE(load) != 3) {
+            PyErr_SetString(PyExc_TypeError, "loads: (requests, tokens, pending prefill) per candidate");
+            goto fail;
+        }
+        long long running = PyLong_AsLongLong(PyTuple_GET_ITEM(load, 0));
+        if (running == -1 && PyErr_Occurred()) goto fail;
+        double pending;
+        if (as_double(PyTuple_GET_ITEM(load, 2), &pending)) goto fail;
+        double kb_ahead = pending * kb_per_token;
+        if (has_kv && request_tokens > 0) {
+            double fit = py_floordiv(kv, request_tokens);
+            if (fit < 1.0) fit = 1.0;
+            if (fit < slots) slots = fit;
+        }
+        double wait = (double)(running + 1) - slots;
+        if (wait < 0) wait = 0.0;
+        double uncached = prompt_kb;
+        PyObject *m = PyDict_GetItemWithError(match, e);
+        if (m == NULL && PyErr_Occurred()) goto fail;
+        if (m != NULL) {
+            int truthy = PyObject_IsTrue(m);
+            if (truthy < 0) goto fail;
+            if (truthy) {
+                double mv;
+                if (as_double(m, &mv)) goto fail;
+                uncached = prompt_kb * (1.0 - mv);
+            }
+        }
+        PyObject *feat = Py_BuildValue("(dddd)", wait, uncached, speed, kb_ahead);
+        if (feat == NULL) goto fail;
+        int rc = PyDict_SetItem(features, e, feat);
+        Py_DECREF(feat);
+        if (rc < 0) goto fail;
+        double headroom = slo - (base + slot_wait * wait + prefill * (uncached + kb_ahead)) / speed;
+        PyObject *score = PyFloat_FromDouble(headroom > 0.0 ? headroom / slo : 0.0);
+        if (score == NULL) goto fail;
+        rc = PyDict_SetItem(out, e, score);
+        Py_DECREF(score);
+        if (rc < 0) goto fail;
+    }
+    return Py_BuildValue("(NN)", out, features);
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(features);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"accumulate", (PyCFunction)(void (*)(void))accumulate, METH_FASTCALL,
      "accumulate(totals, raw, candidates, weight, bounded) -> bool: one scorer's weighted, normalised scores "
      "added into totals (False, totals untouched: a value is not a plain number)"},
     {"rank", (PyCFunction)(void (*)(void))rank, METH_FASTCALL,
      "rank(candidates, totals, rnd, k) -> the first k candidates by (-total, rnd() drawn per candidate)"},
+    {"predict", (PyCFunction)(void (*)(void))predict, METH_FASTCALL,
+     "predict(candidates, facts, loads, match, prompt_kb, request_tokens, kb_per_token, base, slot_wait, prefill, "
+     "slo) -> ({endpoint: score}, {endpoint: (wait, uncached, speed, kb_ahead)}): predicted-ttft-scorer's formula"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -49,8 +49,12 @@ Data consumed: the prefix index match and prompt length (ctx.cycle), in-flight r
 prefill tokens (gateway-wide, one read shared with the profile's other plugins), endpoint labels,
 the SLO header, each finished streamed request's TTFT (this plugin's `on_done`, which the `Plugin`
 base registers on the lifecycle's observers; the fit is per worker). Cost: one in-flight read for
-the candidates and a few multiplications per candidate (about 8 us for 8 endpoints warm on this
-2-core machine); per finished request one 3x3 solve, in the observer, off the decision.
+the candidates (about 9 us for 8 endpoints when this plugin is the first to read them; shared with the
+profile's later plugins) and a few multiplications per candidate: the per-candidate formula runs in C
+(`_score.predict` in `_score.c`, built by setup.py; `predict_py` is the reference, used when it is not
+built, and tests/extproc/scheduling/test_score_native.py checks both give the same floats), about 3 us
+for 8 endpoints warm on this 2-core machine against 5 us in Python; per finished request one 3x3 solve,
+in the observer, off the decision.
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ from extproc.scheduling.prefix_cache_scorer import PREFIX_MATCH, PROMPT_BYTES
 from extproc.scheduling.selectors import PerCandidates, positive_label
 from extproc.scheduling.ttft_headroom_scorer import TtftModel, request_slo_ms
 from extproc.types import Outcome
+
+try:  # the per-candidate formula in C (setup.py builds it; optional): the same floats as predict_py
+    from extproc.scheduling import _score as _native
+except ImportError:
+    _native = None
 
 
 class PredictedTtftParameters(Parameters):
@@ -146,26 +155,10 @@ class PredictedTtftScorer(Plugin):
         loads = inflight_loads(ctx, self.runtime, candidates)
         base, slot_wait, prefill = self.coefficients()
         slo = self.slo_ms(ctx.state)
-        features: dict[str, tuple[float, float, float, float]] = {}
-        out: dict[str, float] = {}
         kb_per_token = self.params.bytes_per_token / 1000.0
-        for e, (slots, speed, kv_tokens) in zip(candidates, self.facts_of(ctx.labels, candidates)):
-            running, _tokens, pending_prefill = loads[e]
-            kb_ahead = pending_prefill * kb_per_token
-            if kv_tokens is not None and request_tokens > 0:  # min(slots, max(1, floor(kv / request tokens)))
-                fit = kv_tokens // request_tokens
-                if fit < 1.0:
-                    fit = 1.0
-                if fit < slots:
-                    slots = fit
-            wait = running + 1 - slots
-            if wait < 0:
-                wait = 0.0
-            m = match.get(e)
-            uncached = prompt_kb * (1.0 - m) if m else prompt_kb
-            features[e] = (wait, uncached, speed, kb_ahead)
-            headroom = slo - (base + slot_wait * wait + prefill * (uncached + kb_ahead)) / speed
-            out[e] = headroom / slo if headroom > 0.0 else 0.0
+        out, features = (_native.predict if _native is not None else predict_py)(
+            candidates, self.facts_of(ctx.labels, candidates), loads, match, prompt_kb, request_tokens,
+            kb_per_token, base, slot_wait, prefill, slo)
         if ctx.state is not None:
             ctx.state.attrs[self.key] = features
         return out
@@ -195,3 +188,30 @@ class PredictedTtftScorer(Plugin):
             wait, uncached, speed, ahead_kb = x
             self.model.update(wait, uncached + ahead_kb, ttft * 1000.0 * speed)
 
+
+def predict_py(candidates: tuple[str, ...], facts: list[tuple[float, float, float | None]],
+               loads: dict[str, tuple[int, int, int]], match: dict[str, float], prompt_kb: float,
+               request_tokens: float, kb_per_token: float, base: float, slot_wait: float, prefill: float,
+               slo: float) -> tuple[dict[str, float], dict[str, tuple[float, float, float, float]]]:
+    """The per-candidate formula (the docstring's predicted(e) and score(e)): ({endpoint: score},
+    {endpoint: (wait, uncached KB, speed, KB ahead)}); the reference of `_score.predict`."""
+    features: dict[str, tuple[float, float, float, float]] = {}
+    out: dict[str, float] = {}
+    for e, (slots, speed, kv_tokens) in zip(candidates, facts):
+        running, _tokens, pending_prefill = loads[e]
+        kb_ahead = pending_prefill * kb_per_token
+        if kv_tokens is not None and request_tokens > 0:  # min(slots, max(1, floor(kv / request tokens)))
+            fit = kv_tokens // request_tokens
+            if fit < 1.0:
+                fit = 1.0
+            if fit < slots:
+                slots = fit
+        wait = running + 1 - slots
+        if wait < 0:
+            wait = 0.0
+        m = match.get(e)
+        uncached = prompt_kb * (1.0 - m) if m else prompt_kb
+        features[e] = (wait, uncached, speed, kb_ahead)
+        headroom = slo - (base + slot_wait * wait + prefill * (uncached + kb_ahead)) / speed
+        out[e] = headroom / slo if headroom > 0.0 else 0.0
+    return out, features

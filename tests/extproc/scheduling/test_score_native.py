@@ -5,6 +5,8 @@ gives, times the weight), or decline the same inputs; `_score.rank` must order t
 `max_score_picker.pick_ranked_py` does from the same draws, which is `MaxScorePicker.pick`'s order on
 the dict of totals. On random fleets (random raw scores per scorer, weights, bounded or not, then a
 ranking with a seeded generator) both paths give the same totals within 1e-12 and the same picks.
+`_score.predict` (predicted-ttft-scorer's per-candidate formula) gives exactly `predict_py`'s scores
+and features.
 And the recorded decisions replay the same with the Python references in place of the C code."""
 
 from __future__ import annotations
@@ -148,6 +150,37 @@ def test_random_fleets_give_the_same_totals_and_pick_either_way(n, data, seed):
     assert all(math.isfinite(v) for v in py)
 
 
+_POS = st.floats(0.01, 1e5, allow_nan=False)
+
+
+@needs_native
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(n=st.integers(0, 12), data=st.data(), prompt_kb=st.floats(0, 64), request_tokens=st.floats(0, 40000),
+       coeffs=st.tuples(st.floats(0, 500), st.floats(0, 500), st.floats(0, 100)), slo=st.floats(1, 1e4))
+def test_predicted_ttft_formula_in_c_equals_the_python_reference(n, data, prompt_kb, request_tokens, coeffs, slo):
+    from extproc.scheduling.predicted_ttft_scorer import predict_py
+
+    cands = tuple(EPS[:n])
+    facts = [(data.draw(st.floats(1, 512)), data.draw(st.floats(0.05, 4)), data.draw(st.none() | _POS))
+             for _ in cands]
+    loads = {e: (data.draw(st.integers(0, 40)), data.draw(st.integers(0, 10 ** 6)), data.draw(st.integers(0, 10 ** 5)))
+             for e in cands}
+    match = data.draw(st.dictionaries(st.sampled_from(EPS), st.sampled_from([0.0, 1.0, 0.25]) | st.floats(0, 1)))
+    args = (cands, facts, loads, match, prompt_kb, request_tokens, 0.004, *coeffs, slo)
+    want = predict_py(*args)
+    got = native.predict(*args)
+    assert got == want  # the same floats, in the same order
+    assert [list(d) for d in got] == [list(d) for d in want]
+
+
+@needs_native
+def test_predict_refuses_bad_arguments():
+    with pytest.raises(TypeError):
+        native.predict(("a",), [(1.0, 1.0)], {"a": (0, 0, 0)}, {}, 1.0, 1.0, 0.004, 1.0, 1.0, 1.0, 1.0)
+    with pytest.raises(KeyError):
+        native.predict(("a",), [(1.0, 1.0, None)], {}, {}, 1.0, 1.0, 0.004, 1.0, 1.0, 1.0, 1.0)
+
+
 @pytest.mark.parametrize("policy", ["adapter-gateway", "epp-default"])
 def test_recorded_decisions_replay_the_same_with_the_python_references(policy, monkeypatch, tmp_path):
     import json
@@ -156,6 +189,9 @@ def test_recorded_decisions_replay_the_same_with_the_python_references(policy, m
 
     monkeypatch.setattr(prof, "accumulate", accumulate_py)
     monkeypatch.setattr(msp, "_rank", None)
+    import extproc.scheduling.predicted_ttft_scorer as pts
+
+    monkeypatch.setattr(pts, "_native", None)
     rec = json.loads(FIXTURE.read_text())
     got = replay(rec["profiles"][policy]["config"], rec["inputs"], False, str(tmp_path))
     assert [d.get("picks") for d in got] == [d.get("picks") for d in rec["profiles"][policy]["decisions"]]
