@@ -90,24 +90,30 @@ static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *index = args[0], *keys = args[1];
     Py_ssize_t cap = PyLong_AsSsize_t(args[2]);
     if (cap == -1 && PyErr_Occurred()) return NULL;
+    PyObject *move = NULL; /* index.move_to_end, looked up once (when a key is already there) */
     for (Py_ssize_t i = PyList_GET_SIZE(keys) - 1; i >= 0; i--) { /* deepest first */
         PyObject *key = PyList_GET_ITEM(keys, i);
         int has = PyDict_Contains(index, key);
-        if (has < 0) return NULL;
+        if (has < 0) goto fail;
         if (has) {
-            PyObject *r = PyObject_CallMethodOneArg(index, s_move_to_end, key);
-            if (r == NULL) return NULL;
+            if (move == NULL && (move = PyObject_GetAttr(index, s_move_to_end)) == NULL) return NULL;
+            PyObject *r = PyObject_CallOneArg(move, key);
+            if (r == NULL) goto fail;
             Py_DECREF(r);
         } else if (PyObject_SetItem(index, key, Py_None) < 0) { /* the OrderedDict's own setitem */
-            return NULL;
+            goto fail;
         }
     }
+    Py_XDECREF(move);
     while (PyObject_Length(index) > cap) {
         PyObject *r = PyObject_CallMethodOneArg(index, s_popitem, Py_False); /* popitem(last=False) */
         if (r == NULL) return NULL;
         Py_DECREF(r);
     }
     Py_RETURN_NONE;
+fail:
+    Py_XDECREF(move);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
