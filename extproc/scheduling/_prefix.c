@@ -105,11 +105,17 @@ static PyObject *record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_XDECREF(move);
+    PyObject *pop = NULL; /* index.popitem, looked up once (when something is evicted) */
     while (PyObject_Length(index) > cap) {
-        PyObject *r = PyObject_CallMethodOneArg(index, s_popitem, Py_False); /* popitem(last=False) */
-        if (r == NULL) return NULL;
+        if (pop == NULL && (pop = PyObject_GetAttr(index, s_popitem)) == NULL) return NULL;
+        PyObject *r = PyObject_CallOneArg(pop, Py_False); /* popitem(last=False) */
+        if (r == NULL) {
+            Py_DECREF(pop);
+            return NULL;
+        }
         Py_DECREF(r);
     }
+    Py_XDECREF(pop);
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(move);
