@@ -90,15 +90,24 @@ def stack_command(name: str, ports: list[int]) -> list[str]:
     return cmd
 
 
-def start_stack(name: str, ports: list[int], timeout: float = 30) -> subprocess.Popen:
-    """One process of a Python stack on `ports`; returns once it printed `ready`."""
-    proc = subprocess.Popen(stack_command(name, ports), stdout=subprocess.PIPE, text=True, cwd=str(REPO),
+def spawn_stack(name: str, ports: list[int]) -> subprocess.Popen:
+    """One process of a Python stack on `ports`, not waited for (wait_ready)."""
+    return subprocess.Popen(stack_command(name, ports), stdout=subprocess.PIPE, text=True, cwd=str(REPO),
                             preexec_fn=die_with_parent, start_new_session=True)
+
+
+def wait_ready(name: str, proc: subprocess.Popen) -> subprocess.Popen:
+    """Returns once the stack's process printed `ready`; stops it and raises if it did not."""
     line = proc.stdout.readline() if proc.stdout else ""
     if line.strip() != "ready":
         stop_process(proc)
         raise RuntimeError(f"stack {name} did not start (exit code {proc.poll()}, printed {line!r})")
     return proc
+
+
+def start_stack(name: str, ports: list[int]) -> subprocess.Popen:
+    """One process of a Python stack on `ports`; returns once it printed `ready`."""
+    return wait_ready(name, spawn_stack(name, ports))
 
 
 def _point(setup: str, s: dict[str, Any], route: str, c: int, wrk: str, script: Path, warmup: float,
@@ -176,7 +185,7 @@ def msgs_check(rows: list[dict[str, Any]]) -> str:
     if not any(s == "floor" for s, _, _ in by):
         return "no floor in this run: messages per request not compared"
     return ("every stack got the floor's ext_proc messages per request"
-            + " (" + ", ".join(sorted({f"{rt} {m:.2f}" for (s, rt, _), m in by.items() if s == 'floor'})) + ")"
+            + " (the floor's: " + ", ".join(f"{rt} c={c} {m:.2f}" for (s, rt, c), m in by.items() if s == "floor") + ")"
             if not diffs else "ext_proc messages per request differ from the floor's: " + "; ".join(diffs))
 
 
@@ -235,28 +244,43 @@ def main(argv: list[str] | None = None) -> int:
         upstream_pids = [procs[-1].pid]
         cfg_path = run_dir / "bench-gateway.yaml"  # the stream route's simulator is never started: no traffic there
         cfg_path.write_text(yaml.safe_dump(bo.bench_config(up_port, free_port()), sort_keys=False, allow_unicode=True))
-        setups: dict[str, dict[str, Any]] = {}
+        # every Python stack's processes spawned first (they start while the Envoys do), then one
+        # Envoy per setup with the gateway's bootstrap pointed at that setup's ports
+        bases: dict[str, int] = {}
+        taken: set[int] = set()  # chosen but perhaps not bound yet: no other choice may take them
         for name in wanted:
-            base = free_port_block(workers)
+            while not taken.isdisjoint(block := set(range(base := free_port_block(workers), base + workers))):
+                pass
+            bases[name] = base
+            taken |= block
+        servers: dict[str, list[subprocess.Popen]] = {}
+        for name in wanted:
             if name == "floor":
                 assert floor_bin is not None
-                servers = [bo.start_floor(floor_bin, base, workers, workers)]
-            else:
-                servers = []
-                for i in range(workers):
-                    servers.append(start_stack(name, [base + i]))
-                    procs.append(servers[-1])
-            if name == "floor":
-                procs.append(servers[0])
-            port, admin = free_port(), free_port()
+                servers[name] = [bo.start_floor(floor_bin, bases[name], workers, workers)]
+                procs.append(servers[name][0])
+                continue
+            servers[name] = []
+            for i in range(workers):
+                servers[name].append(spawn_stack(name, [bases[name] + i]))
+                procs.append(servers[name][-1])
+        setups: dict[str, dict[str, Any]] = {}
+        for name in wanted:
+            port = free_port(avoid=taken)
+            admin = free_port(avoid=taken | {port})
             admin_url = f"http://127.0.0.1:{admin}"
-            env = bo._start_envoy(bo.floor_bootstrap(cfg_path, workers, port, admin, base), run_dir / f"{name}-envoy.yaml",
-                                  envoy_concurrency, admin_url, f"{name}-envoy")
+            env = bo._start_envoy(bo.floor_bootstrap(cfg_path, workers, port, admin, bases[name]),
+                                  run_dir / f"{name}-envoy.yaml", envoy_concurrency, admin_url, f"{name}-envoy")
             procs.append(env)
-            bo.wait_processor_healthy(admin_url, workers, name)
             setups[name] = {"url": f"http://127.0.0.1:{port}", "admin": admin_url,
                             "procs": {"envoy": [env.pid], "upstream": upstream_pids,
-                                      "processor": [p.pid for p in servers]}}
+                                      "processor": [p.pid for p in servers[name]]}}
+        for name in wanted:
+            if name != "floor":
+                for p in servers[name]:
+                    wait_ready(name, p)
+        for name in wanted:
+            bo.wait_processor_healthy(setups[name]["admin"], workers, name)
         bo.check_responses({n: v["url"] for n, v in setups.items()}, routes)
         all_pids = sorted({os.getpid(), *(p for s in setups.values() for v in s["procs"].values() for p in v)})
         points = measure(setups, routes, conns, wrk, warmup, duration, run_dir, all_pids, reps)
