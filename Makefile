@@ -121,7 +121,7 @@ ebpf-setup:
 	@bash scripts/setup-ebpf.sh
 
 # setup.py and the C source: pip install -e rebuilds the optional accelerator when they change
-$(STAMP): pyproject.toml setup.py extproc/scheduling/_prefix.c
+$(STAMP): pyproject.toml setup.py extproc/scheduling/_prefix.c extproc/scheduling/_score.c
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required, found " + sys.version'
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,ort,sim]'
