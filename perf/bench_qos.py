@@ -433,7 +433,6 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load_before = os.getloadavg()
     others_before = other_processes()
-    busy0, mine0 = _busy_seconds(), _tree_cpu_seconds(os.getpid())
     run_dir = Path(tempfile.mkdtemp(prefix="bench-qos-"))
     fleet = br.start_fleet(args.time_scale)
     sync = httpx.Client()
@@ -505,7 +504,6 @@ def main(argv: list[str] | None = None) -> int:
         for _, p, _ in fleet:
             stop_process(p)
     elapsed = time.monotonic() - started
-    busy1, mine1 = _busy_seconds(), _tree_cpu_seconds(os.getpid())
     doc = document(rows, jains, loads, budgets=budgets, tenants=tenants, jain_by_class=jain_classes, qos_metrics=qos_metrics,
                    capacity_rps=round(capacity, 3), time_scale=args.time_scale, quick=args.quick,
                    duration_s=args.duration, warmup_s=args.warmup, seed=args.seed, elapsed_s=round(elapsed),
@@ -523,15 +521,17 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
         RESULTS_JSON.write_text(text)
         cmd = "perf/bench_qos.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        other_avg = max(0.0, (busy1 - busy0) - (mine1 - mine0)) / elapsed
+        # per cell, while its stack ran: over the whole run the CPU of stacks already stopped (no longer in
+        # this process tree) would count as other processes'
+        other_avg = sum(other_cores.values()) / len(other_cores) if other_cores else 0.0
         benchenv.append_results(
             f"\n## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: QoS under overload, off and on "
             f"(perf/bench_qos.py)\n\n"
             f"- machine: {benchenv.cpu()}, SHARED with other engineers' jobs; code {benchenv.git_revision()}; "
             f"`.venv/bin/python {cmd.strip()}` ({elapsed:.0f} s)\n"
             f"- load average at the start: {' / '.join(f'{x:.1f}' for x in load_before)} (1/5/15 min); other "
-            f"processes' CPU during the run: {other_avg:.2f} cores on average (machine busy time minus this "
-            f"benchmark's process tree), per cell {other_cores}; busiest other processes at the start (ps: pid "
+            f"processes' CPU: {other_avg:.2f} cores, the mean over the cells (machine busy time minus this "
+            f"benchmark's process tree while each cell ran), per cell {other_cores}; busiest other processes at the start (ps: pid "
             f"ppid %cpu elapsed command): {'; '.join(others_before)}\n"
             f"- SIMULATOR results (backends/simulator_openai.py `--latency-model vllm`, time scale "
             f"{args.time_scale:g}: latencies are simulated ms x {args.time_scale:g}), not measurements of vLLM.\n"
