@@ -217,13 +217,15 @@ def _restart_envoy(stack: Stack, concurrency: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 s warm-up + 3 s per point")
-    ap.add_argument("--workers", default=None, help="comma-separated worker counts (default 1,2,4,.. and the CPU count)")
+    ap.add_argument("--workers", default=None,
+                    help="comma-separated worker counts (default 1,2,4,.. and the CPU count)")
     ap.add_argument("--connections", type=int, default=64, help="wrk connections (default 64)")
     ap.add_argument("--routes", default=",".join(ROUTES), help="comma-separated, of headers,llm")
     ap.add_argument("--duration", type=float, default=None, help="measured seconds per point (default 10, --quick 3)")
     ap.add_argument("--warmup", type=float, default=None, help="warm-up seconds per point (default 2, --quick 1)")
     ap.add_argument("--envoy-concurrency", default="match", help="'match' (= workers, default) or a fixed number")
-    ap.add_argument("--wrk-cpus", type=int, default=None, help="cores pinned to wrk when >= 4 usable (default a quarter)")
+    ap.add_argument("--wrk-cpus", type=int, default=None,
+                    help="cores pinned to wrk when >= 4 usable (default a quarter)")
     ap.add_argument("--upstream-concurrency", type=int, default=None,
                     help="the upstream Envoy's --concurrency (default a quarter of the servers' cores, at least 1)")
     ap.add_argument("--label", default="", help="a line for RESULTS.md, e.g. where and under what load it ran")
@@ -298,8 +300,9 @@ def main(argv: list[str] | None = None) -> int:
                 s = {"url": stack.url, "admin": stack.admin_url, "processor_admin": stack.processor_admin_url,
                      "procs": {"envoy": [stack.envoy.pid], "upstream": [upstream.pid], "processor": workers}}
                 if not affinity:
-                    affinity = {"wrk": cpu_list(wrk_cpus) if wrk_cpus else "all", "envoy": allowed_cpus(stack.envoy.pid),
-                                "upstream": allowed_cpus(upstream.pid), "worker": allowed_cpus(workers[0])}
+                    affinity = {"wrk": cpu_list(wrk_cpus) if wrk_cpus else "all",
+                                "envoy": allowed_cpus(stack.envoy.pid), "upstream": allowed_cpus(upstream.pid),
+                                "worker": allowed_cpus(workers[0])}
                 all_pids = sorted({os.getpid(), upstream.pid, stack.envoy.pid, *workers})
                 for route in routes:
                     pt = bo._one(f"w{n}", s, route, args.connections, wrk, scripts[route], warmup, duration, all_pids,
