@@ -5,7 +5,10 @@ request deserializer nor a response serializer: the handler gets each Processing
 off the wire, reads only the field number of its `request` oneof (common.phase_field: the first tag,
 no protobuf parse) and yields the phase's prebuilt serialized reply (common.REPLY_BY_FIELD). Same
 server options and event loop as `aio` (the gateway's options, the stdlib loop), so the difference to
-`aio` is the parse and serialize per message and the generated servicer's wrapping.
+`aio` is the parse and serialize per message. Registered as a generic handler only (the generated
+`add_ExternalProcessorServicer_to_server` also calls `add_registered_method_handlers`, grpcio's
+per-method fast path): as measured in perf/RESULTS.md 2026-12-01; perf/stacks.md says what a port
+into the gateway would register.
 """
 
 from __future__ import annotations
