@@ -35,7 +35,8 @@ unless `--no-write`, a dated section appended to perf/RESULTS.md (machine, comma
 Run: `.venv/bin/python perf/bench_stacks.py [--quick] [--duration 10] [--warmup 2] [--reps 3]
 [--connections 1,32] [--routes headers,llm] [--setups aio,aio-uvloop,...] [--workers N] [--out FILE]
 [--no-write]`. Cost: 7 setups x 4 points x (warm-up + reps x duration): `--quick` (1 s + 3 x 2 s)
-about 3.5 minutes here, the default (2 s + 3 x 10 s) about 15. Everything it starts is stopped by PID.
+3 min 47 s here (load average 8.5), `--duration 5` 8.5 minutes, the default (2 s + 3 x 10 s) about 16.
+Everything it starts is stopped by PID.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def msgs_check(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1 s warm-up + 3 turns x 2 s per point (about 3.5 minutes)")
+    ap.add_argument("--quick", action="store_true", help="1 s warm-up + 3 turns x 2 s per point (under 4 minutes)")
     ap.add_argument("--duration", type=float, default=None, help="measured seconds per turn, whole (default 10, --quick 2)")
     ap.add_argument("--warmup", type=float, default=None, help="warm-up seconds, first turn only (default 2, --quick 1)")
     ap.add_argument("--reps", type=int, default=3, help="turns per route and c, setups interleaved (default 3)")
