@@ -24,7 +24,9 @@ Policies (one config each, `qos_config`):
   - `qos`: the same plus `spec.qos`: classes from the trusted header and the tenant, the classes'
     SLOs, the class passed to the simulators as vLLM's `priority` (`enginePriority`), the admission
     pool on `pool` (adaptive limit starting at the fleet's 64 slots, queue by class then fair share
-    then deadline, P2 sheddable; other settings the defaults: maxWait 800 ms), the glitch breaker
+    then deadline, P2 sheddable with `--shedding` (default `gradual`: the PIE-style controller of
+    extproc/qos/shedding.py, its default parameters; `immediate`: the estimated-wait rule, the
+    gateway's default); other settings the defaults: maxWait 800 ms), the glitch breaker
     for every tenant (threshold 6 s end to end, about 2x the slowest node's unloaded full-batch
     request), and a token budget for every tenant (per day, large: it counts, it does not refuse here).
 
@@ -38,7 +40,8 @@ in the budget store (`MemoryStore` on the stack's state dir) against the sum of 
 tokens of the usage chunks its 200 answers carried, over every request the stack served (warm-ups
 included: every request is awaited).
 Run: `.venv/bin/python perf/bench_qos.py [--quick] [--duration 30] [--warmup 10] [--loads 1,1.25,1.5]
-[--capacity R] [--seed N] [--out FILE] [--no-write]`. Writes perf/results/qos.json (and `--out FILE`),
+[--capacity R] [--seed N] [--shedding gradual|immediate] [--out FILE] [--no-write]`. Writes perf/results/qos.json
+(and `--out FILE`),
 appends a section to perf/RESULTS.md unless --no-write. `--quick`: 2 s warm-up + 6 s measured per cell.
 Everything it starts is stopped by PID.
 """
@@ -71,6 +74,7 @@ CLASSES = ("P0", "P1", "P2")
 LOADS = (1.0, 1.25, 1.5)
 WELL_BEHAVED = ("tenant-1", "tenant-2", "tenant-3", "tenant-4")
 NOISY = "noisy"
+SHEDDING = ("gradual", "immediate")  # spec.qos.admission[].shedding.mode of the `qos` policy
 SHARES = {**{t: 1.0 for t in WELL_BEHAVED}, NOISY: 10.0}  # the noisy tenant at 10x its share
 CLASS_MIX = (("P0", 0.2), ("P1", 0.4), ("P2", 0.4))  # the well-behaved tenants' requests, by header
 NOISY_CLASS = "P1"  # by its tenant entry (it sends no header)
@@ -89,11 +93,11 @@ RESULTS_JSON = REPO / "perf" / "results" / "qos.json"
 # --------------------------------------------------------------------------------------------------
 
 
-def qos_config(policy: str, fleet: Sequence[tuple[Any, Any, int]]) -> dict:
+def qos_config(policy: str, fleet: Sequence[tuple[Any, Any, int]], shedding: str = "gradual") -> dict:
     """The gateway config of `policy` over `fleet`: bench_routing's least-request config, the tenants, and
     for `qos` the QoS section and the tenants' budgets."""
-    if policy not in POLICIES:
-        raise ValueError(policy)
+    if policy not in POLICIES or shedding not in SHEDDING:
+        raise ValueError(f"{policy}/{shedding}")
     doc = copy.deepcopy(br.gateway_config("least-request", fleet))
     doc["metadata"]["name"] = f"bench-qos-{policy}"
     spec = doc["spec"]
@@ -112,7 +116,7 @@ def qos_config(policy: str, fleet: Sequence[tuple[Any, Any, int]]) -> dict:
         "slos": [{"name": f"ttft-{c.lower()}", "priorityClass": c, "ttft": f"{int(TTFT_SLO_S[c] * 1000)}ms"}
                  for c in CLASSES],
         "admission": [{"backend": "pool", "initialLimit": sum(n.max_num_seqs for n, _, _ in fleet),
-                       "sheddable": ["P2"]}],
+                       "sheddable": ["P2"], "shedding": {"mode": shedding}}],
     }
     return doc
 
@@ -249,6 +253,14 @@ def document(rows: Sequence[dict], jains: dict[str, dict[float, float | None]], 
             "jain_by_load": {p: {str(k): v for k, v in d.items()} for p, d in jains.items()}, **extra}
 
 
+def strict_order_p2_shed(load: float) -> float:
+    """The least P2 shed rate any policy that serves P0 and P1 before P2 must reach at `load` (x capacity), in
+    the fluid limit (no variance, the closed-loop capacity): (load - 1) / (load x P2's share of requests)."""
+    total = sum(SHARES.values())
+    p2 = sum(v for t, v in SHARES.items() if t in WELL_BEHAVED) / total * dict(CLASS_MIX)["P2"]
+    return min(1.0, max(0.0, (load - 1.0) / (load * p2)))
+
+
 def goals(doc: dict) -> list[str]:
     def mark(ok):
         return "MET" if ok else "NOT MET"
@@ -273,8 +285,10 @@ def goals(doc: dict) -> list[str]:
     if len(rates) >= 2:
         jumps = [b[1] - a[1] for a, b in zip(rates, rates[1:])]
         txt = ", ".join(f"{s:.0%} {v:.0%}" for s, v in rates)
+        floor = ", ".join(f"{s:.0%} {strict_order_p2_shed(s):.0%}" for s, _ in rates)
         out.append(f"P2 shed rate over load steps (QoS on): {txt}; goal gradual (criterion: no step up by more than "
-                   f"50 points): {mark(max(jumps) <= 0.5)}")
+                   f"50 points): {mark(max(jumps) <= 0.5)} (the least any P0/P1-first policy must shed, fluid limit: "
+                   f"{floor})")
     g = {p: sum(r["goodput_tokens_per_s"] for r in rows if r["policy"] == p and r["load"] == top) for p in POLICIES}
     if all(any(r["policy"] == p for r in rows) for p in POLICIES):
         out.append(f"goodput at {top:.0%} (output tokens/s of requests within their TTFT SLO): QoS on {g['qos']:.1f}, "
@@ -413,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loads", default=",".join(map(str, LOADS)))
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--shedding", choices=SHEDDING, default="gradual", help="the qos policy's P2 shedding mode")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--no-write", action="store_true", help="print only: RESULTS.md and results/qos.json untouched")
@@ -459,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 st.stop()
         for policy in policies:
-            st = br.start_stack_config(f"qos-{policy}", qos_config(policy, fleet), run_dir)
+            st = br.start_stack_config(f"qos-{policy}", qos_config(policy, fleet, args.shedding), run_dir)
             every: list[Record] = []
             try:
                 day_before = time.gmtime().tm_yday
@@ -505,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_process(p)
     elapsed = time.monotonic() - started
     doc = document(rows, jains, loads, budgets=budgets, tenants=tenants, jain_by_class=jain_classes, qos_metrics=qos_metrics,
+                   shedding=args.shedding,
                    capacity_rps=round(capacity, 3), time_scale=args.time_scale, quick=args.quick,
                    duration_s=args.duration, warmup_s=args.warmup, seed=args.seed, elapsed_s=round(elapsed),
                    shares=SHARES, class_mix=dict(CLASS_MIX), ttft_slo_ms={c: int(s * 1000) for c, s in TTFT_SLO_S.items()},
@@ -542,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
             + (" (`--quick`: few P0 requests per cell, NOT final numbers)" if args.quick else "") + ".\n"
             f"- tenants: 4 well-behaved at 1 share (P0/P1/P2 20/40/40 % by header), `noisy` at 10 shares (P1 by "
             f"tenant); TTFT SLOs P0 1 s, P1 2 s, P2 5 s (scaled). QoS off: no spec.qos, no budgets; on: classes, "
-            f"enginePriority, admission pool (initialLimit 64, defaults otherwise), glitch breaker {GLITCH_THRESHOLD} "
+            f"enginePriority, admission pool (initialLimit 64, shedding `{args.shedding}`, defaults otherwise), "
+            f"glitch breaker {GLITCH_THRESHOLD} "
             f"per tenant, day token budgets.\n"
             f"- attainment = requests within their class's TTFT SLO / requests sent (shed = missed); goodput = output "
             f"tokens of those / window length; Jain over the well-behaved tenants of goodput / offered tokens.\n\n"

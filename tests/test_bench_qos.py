@@ -40,6 +40,7 @@ def test_qos_on_has_admission_pool_classes_breaker_and_budgets(tmp_path):
     assert [a.backend for a in q.admission] == ["pool"]
     assert q.admission[0].initial_limit == sum(n.max_num_seqs for n in br.FLEET) == 64
     assert tuple(q.admission[0].sheddable) == ("P2",)
+    assert q.admission[0].shedding.mode == "gradual"  # the default of --shedding; `immediate` the older rule
     # the breaker watches every tenant; the noisy one is P1 by its tenant entry
     assert {t.tenant: t.glitch_threshold for t in q.tenants} == {t: 6.0 for t in bq.SHARES}
     assert {t.tenant: t.priority_class for t in q.tenants}["noisy"] == "P1"
@@ -61,6 +62,19 @@ def test_qos_off_is_the_same_config_without_qos_and_budgets(tmp_path):
     assert on_spec == off["spec"]  # nothing else differs
     with pytest.raises(ValueError):
         bq.qos_config("bogus", FLEET)
+
+
+def test_shedding_mode_is_the_only_difference_between_the_two_qos_configs(tmp_path):
+    from extproc.config.loader import load_file
+
+    grad, imm = bq.qos_config("qos", FLEET), bq.qos_config("qos", FLEET, "immediate")
+    p = tmp_path / "imm.yaml"
+    p.write_text(json.dumps(imm))
+    assert load_file(p).spec.spec.qos.admission[0].shedding.mode == "immediate"
+    grad["spec"]["qos"]["admission"][0]["shedding"] = {"mode": "immediate"}
+    assert grad == imm
+    with pytest.raises(ValueError):
+        bq.qos_config("qos", FLEET, "sometimes")
 
 
 def test_traffic_noisy_tenant_at_ten_shares_and_classes_by_header():
@@ -138,3 +152,10 @@ def test_out_document_shape():
     lines = bq.goals(doc)
     assert any(line.startswith("P0 TTFT SLO attainment") for line in lines)
     assert any("Jain" in line for line in lines)
+
+
+def test_strict_order_p2_floor_is_zero_at_capacity_and_all_once_p0_p1_alone_exceed_it():
+    # P2 is 4 of 14 shares x 40 % = 11.4 % of requests: P0 + P1 alone exceed capacity above 1 / 0.886 = 113 %
+    assert bq.strict_order_p2_shed(1.0) == 0.0 and bq.strict_order_p2_shed(0.8) == 0.0
+    assert bq.strict_order_p2_shed(1.05) == pytest.approx(0.05 / (1.05 * 0.4 * 4 / 14))
+    assert bq.strict_order_p2_shed(1.25) == bq.strict_order_p2_shed(1.5) == 1.0

@@ -859,6 +859,18 @@ class QosBreakerSpec(_Model):
     retry_after: Annotated[int, Field(ge=1, le=3600)] = 1
 
 
+class QosSheddingSpec(_Model):
+    """How sheddable classes are shed (extproc/qos/shedding.py): `immediate` (default) refuses one at once
+    when its estimated wait is over maxWait; `gradual` with a PIE-style probability per class, raised while
+    the pool's queueing delay stays over `target` (default maxWait / 4), updated every `interval`."""
+    mode: Literal["immediate", "gradual"] = "immediate"
+    target: Duration | None = None
+    interval: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=10.0)] = 0.1
+    alpha: Annotated[float, Field(ge=0, le=100.0)] = 0.125
+    beta: Annotated[float, Field(ge=0, le=100.0)] = 1.25
+    max_probability: Annotated[float, Field(gt=0, le=1.0)] = 1.0
+
+
 class QosAdmissionSpec(_Model):
     """A backend pool's adaptive concurrency limit (TTFT gradient, extproc/qos/limiter.py) and gateway
     queue (extproc/qos/queue.py, docs/qos.md): requests over the limit wait, by priority class, tenant
@@ -881,6 +893,7 @@ class QosAdmissionSpec(_Model):
     retry_after: Annotated[int, Field(ge=1, le=3600)] = 1
     poll: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=1.0)] = 0.005
     fairness_window: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)] = 1.0
+    shedding: QosSheddingSpec = QosSheddingSpec()
 
 
 class QosBriefBatchSpec(_Model):

@@ -17,8 +17,10 @@ coroutine awaits a future; Envoy waits up to `spec.processor.messageTimeout` for
 Bounds: `maxQueue` requests and `maxQueueBytes` of request bodies per pool and worker, `maxWait` per
 request. Refusals, in the route's error dialect, with `Retry-After: retryAfter`:
     a sheddable class (`sheddable`, default the last class, P2): 429 `overloaded` when the queue is full,
-    when its estimated wait (requests of its class or more urgent ahead of it + 1, times the pool's mean
-    slot time, over the limit) is over `maxWait`, or when it waited `maxWait`;
+    when it waited `maxWait`, and at once by `shedding.mode`: `immediate` (default) when its estimated
+    wait (requests of its class or more urgent ahead of it + 1, times the pool's mean slot time, over the
+    limit) is over `maxWait`; `gradual` with the probability of `extproc/qos/shedding.py`'s PIE-style
+    controller (`PoolAdmission.shedder`, fed the pool's queueing delay), P2 before P1;
     other classes: 503 `queue_full` / `queue_timeout` (nothing can serve them in time).
 Slots are released exactly once: at the request's `on_done` (`release`), or at once when a stream that
 was admitted is cancelled before dispatch; a request cancelled while it waits leaves the queue (its
@@ -64,6 +66,7 @@ from extproc.datalayer.inflight import InflightTable
 from extproc.errors import reject
 from extproc.qos.fairness import FairShare, JainWindow
 from extproc.qos.limiter import GradientLimiter, LimiterParams
+from extproc.qos.shedding import GRADUAL, Shedder, SheddingParams
 from extproc.types import Reject
 
 log = logging.getLogger(__name__)
@@ -84,6 +87,7 @@ class PoolConfig:
     retry_after: int
     poll: float
     fairness_window: float
+    shedding: SheddingParams = SheddingParams()
 
 
 @dataclass(frozen=True)
@@ -119,12 +123,19 @@ def compile_admission(spec: Any, backends: Mapping[str, Any], message_timeout: f
         for j, c in enumerate(shed):
             if c not in qos.classes:
                 issue(where + ("sheddable", j), f"unknown priority class {c!r} (classes: {names})")
+        sh = a.shedding
+        target = sh.target if sh.target is not None else wait / 4
+        if sh.mode == GRADUAL and not 0 < target < wait:
+            issue(where + ("shedding", "target"), f"target ({target:g}s) must be above 0 and below maxWait "
+                  f"({wait:g}s): the maxWait bound would shed before the controller acts")
+        order = tuple(sorted({c for c in shed if c in qos.classes}, key=lambda c: -qos.classes[c].rank))
+        shedding = SheddingParams(sh.mode, target, sh.interval, sh.alpha, sh.beta, sh.max_probability, order)
         if not a.enabled:
             continue
         pools[a.backend] = PoolConfig(
             a.backend, LimiterParams(a.initial_limit, a.min_limit, a.max_limit, a.tolerance, a.smoothing, a.samples,
                                      a.min_rtt_window),
-            a.max_queue, a.max_queue_bytes, wait, frozenset(shed), a.retry_after, a.poll, a.fairness_window)
+            a.max_queue, a.max_queue_bytes, wait, frozenset(shed), a.retry_after, a.poll, a.fairness_window, shedding)
     if not pools:
         return None
     weights = {t.tenant: t.weight for t in spec.tenants if t.weight is not None}
@@ -281,6 +292,7 @@ class PoolAdmission:
         self.clock = clock
         self.limiter = GradientLimiter(cfg.limiter, clock)
         self.queue = AdmissionQueue()
+        self.shedder = Shedder(cfg.shedding, clock)  # gradual mode's level (extproc/qos/shedding.py)
         self.metrics = metrics
         self.hold = 0.0  # EMA of a slot's time held (seconds): the wait estimate's service time
         self._timer: Any = None
@@ -292,6 +304,7 @@ class PoolAdmission:
     def configure(self, cfg: PoolConfig) -> None:
         self.cfg = cfg
         self.limiter.configure(cfg.limiter)
+        self.shedder.configure(cfg.shedding)
 
     def inflight(self) -> int:
         return self.table.get(self.key)
@@ -379,9 +392,15 @@ class PoolAdmission:
         if self._timer is None and self.queue.count:
             self._timer = asyncio.get_running_loop().call_later(self.cfg.poll, self._tick)
 
+    def observe_delay(self, now: float) -> None:
+        """Gradual shedding: feed the controller the queueing delay now (Little's law: waiting x slot time / limit)."""
+        if self.cfg.shedding.gradual:
+            self.shedder.observe(self.estimate_wait(self.queue.count) or 0.0, now)
+
     def _tick(self) -> None:
         self._timer = None
         self.drain()
+        self.observe_delay(self.clock())
         self.schedule()
         if self.on_tick is not None:
             self.on_tick(self.clock())
@@ -506,6 +525,7 @@ class Admission:
             lim = p.limiter
             pools[name] = {"limit": lim.limit, "min_rtt_s": lim.min_rtt, "last_sample_rtt_s": lim.last_sample_rtt,
                            "updates": lim.updates, "own_slots": p.own, "hold_s": p.hold,
+                           "shedding": {"mode": p.cfg.shedding.mode, "level": p.shedder.level},
                            "waiting": {b.name: b.count for b in p.queue.bands.values() if b.count},
                            "jain": {b.name: b.jain.last for b in p.queue.bands.values() if b.jain.last is not None}}
         return {"worker": self.worker, "pid": os.getpid(), "time": time.time(), "pools": pools}
@@ -553,7 +573,13 @@ class Admission:
                                 f"({q.count} requests, {q.bytes} bytes waiting; limit {cfg.max_queue} requests, "
                                 f"{cfg.max_queue_bytes} bytes)")
         shed = name in cfg.sheddable
-        if shed:
+        if shed and cfg.shedding.gradual:
+            pool.observe_delay(now)
+            if pool.shedder.shed(name):
+                return self._refuse(pool, cls, "shed", f"backend {cfg.pool} is overloaded (concurrency limit "
+                                    f"{pool.limiter.limit}, {q.count} waiting): class {name} is shed with "
+                                    f"probability {pool.shedder.probability(name):.2f}")
+        elif shed:
             est = pool.estimate_wait(q.ahead(cls.rank) + 1)
             if est is not None and est > cfg.max_wait:
                 return self._refuse(pool, cls, "shed", f"backend {cfg.pool} is at its concurrency limit "

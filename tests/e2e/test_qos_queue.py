@@ -189,3 +189,59 @@ def test_the_limit_converges_near_the_engines_slots_not_the_offered_concurrency(
     assert not failures
     limit = metric_sum(f"{st.processor_admin_url}/metrics", "adapter_qos_admission_limit", pool="llm")
     assert 2 <= limit < 12, limit
+
+
+SHED_CONFIG = """
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {{name: qos-shed}}
+spec:
+  modelRef: qwen2.5-finance
+  processor: {{messageTimeout: 10s}}
+  tenants: [{{id: batch}}]
+  backends: [{{name: llm, endpoints: ["llm.invalid:8000"]}}]
+  routes:
+    - {{path: /v1/, match: prefix, kind: openai, name: api}}
+  qos:
+    tenants: [{{tenant: batch, priorityClass: P2}}]
+    admission:
+      - {{backend: llm, initialLimit: 1, minLimit: 1, maxLimit: 1, maxQueue: 64, maxWait: 8s,
+         shedding: {{mode: {mode}, target: 100ms, interval: 50ms}}}}
+"""
+
+
+@pytest.mark.parametrize("mode", ["gradual", "immediate"])
+def test_gradual_mode_sheds_a_share_of_p2_under_moderate_overload(stack_factory, tmp_path, mode):
+    """Six closed-loop P2 clients on one slot (about 5 waiting, an estimated wait of a second or two: under
+    maxWait 8 s, over the 100 ms target): `immediate` sheds none of them (the estimate never reaches maxWait),
+    `gradual` sheds a share, strictly between 0 and 1, and a client shed once is served again later."""
+    cfg = tmp_path / "q.yaml"
+    cfg.write_text(SHED_CONFIG.format(mode=mode))
+    st = stack_factory(cfg, workers=1, simulate=True, simulator_args=("--decode-tokens-per-s", "20"))
+    assert chat(st, "batch").status_code == 200  # a released slot: the delay estimate has a slot time
+    results: list[list[int]] = []
+
+    def client():
+        mine: list[int] = []
+        results.append(mine)
+        while mine.count(200) < 4 and len(mine) < 300:
+            r = chat(st, "batch")
+            assert r.status_code in (200, 429), r.text
+            if r.status_code == 429:
+                assert r.json()["error"]["code"] == "overloaded"
+                time.sleep(0.02)
+            mine.append(r.status_code)
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    every = [s for mine in results for s in mine]
+    assert every.count(200) == 24, results
+    shed = every.count(429) / len(every)
+    if mode == "immediate":
+        assert shed == 0.0, results
+    else:
+        assert 0.0 < shed < 1.0, results
+        assert any(429 in mine and 200 in mine[mine.index(429):] for mine in results), results
