@@ -172,6 +172,9 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     loop = asyncio.get_running_loop()
     # installed before `ready`: the supervisor signals only workers that said ready
     loop.add_signal_handler(signal.SIGHUP, _reloader(settings, overrides, config, metrics, announce))
+    from extproc import memdebug  # ADAPTER_TRACEMALLOC=N: SIGUSR2 dumps a tracemalloc snapshot (off: nothing)
+
+    memdebug.install(loop, os.environ.get(STATE_DIR_ENV) or None, settings.index)
     announce(f"ready {settings.address}:{settings.port} generation={snapshot.generation} digest={snapshot.digest}")
     if ready is not None:
         ready.set()

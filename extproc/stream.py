@@ -46,6 +46,7 @@ _RESPONSE_HEADERS = Phase.RESPONSE_HEADERS  # module constants: an enum member l
 _RESPONSE_BODY = Phase.RESPONSE_BODY
 _REQUEST_HEADERS = Phase.REQUEST_HEADERS
 _REQUEST_PHASES = frozenset({Phase.REQUEST_HEADERS, Phase.REQUEST_BODY, Phase.REQUEST_TRAILERS})
+_BODY_PHASES = frozenset({Phase.REQUEST_BODY, Phase.RESPONSE_BODY})  # streamed bodies come in chunks
 
 
 def _status(value: Any) -> int:
@@ -291,7 +292,10 @@ class ExtProcService:
                             state.observed = Outcome.REJECTED
                     state.complete = True
                 yield resp
-                if answered:
+                if answered or (state.complete and (msg.end_of_stream or phase not in _BODY_PHASES)):
+                    # nothing more will come: end the stream here (status OK; Envoy's ext_proc takes a
+                    # server close as "processing complete"), never waiting on a read that Envoy's reset
+                    # fails: grpc.aio leaks a failed batch's grpc_op array (~100 B a stream, grpc/grpc#43360)
                     return
         except asyncio.CancelledError:
             # Envoy resets the side stream once it needs nothing more: a normal end, unless the
