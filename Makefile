@@ -125,6 +125,11 @@ $(STAMP): pyproject.toml setup.py extproc/scheduling/_prefix.c extproc/schedulin
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required, found " + sys.version'
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test,ort,sim]'
+	@# xds-protos ships an older opentelemetry/proto/common/v1/common_pb2.py (no InstrumentationScope) over
+	@# opentelemetry-proto's when it installs last: put opentelemetry-proto's files back (a superset of those)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+	  "$$($(VENV)/bin/python -c 'import importlib.metadata as m; print("opentelemetry-proto==" + m.version("opentelemetry-proto"))')"
+	$(VENV)/bin/python -c 'from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope'
 	$(VENV)/bin/python -m extproc.intent.train
 	touch $@
 
