@@ -81,7 +81,7 @@ def test_missing_file():
 @pytest.mark.parametrize("tenant, fragment", [
     ("{id: acme_eu}", "spec.tenants[0] (acme_eu): id: String should match pattern"),
     ("{id: a, cpu: {burst: 0.2}}", "spec.tenants[0] (a): cpu.limit: required field is missing"),
-    ("{id: a, pids: [1]}", "spec.tenants[0] (a): pids: unknown field (allowed: id, cpu, processes)"),
+    ("{id: a, pids: [1]}", "spec.tenants[0] (a): pids: unknown field (allowed: id, cpu, budget, processes)"),
     ("{id: a, cpu: {limit: 1, max: 2}}", "cpu.max: unknown field (allowed: limit, burst)"),
     ("{id: a, processes: ['']}", "processes[0]: String should have at least 1 character"),
 ])
@@ -102,5 +102,5 @@ def test_gateway_config_tenants_are_the_config_schema(write_config, tenant, frag
 
 def test_tenants_file_refuses_unknown_fields_and_names_pids_as_allowed(write_config):
     path = write_config("tenants: [{id: a, pid: [1]}]", "t.yaml")
-    with pytest.raises(QuotaError, match=r"pid: unknown field \(allowed: id, cpu, processes, pids\)"):
+    with pytest.raises(QuotaError, match=r"pid: unknown field \(allowed: id, cpu, budget, processes, pids\)"):
         load_tenants(str(path))
