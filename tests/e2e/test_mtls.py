@@ -181,14 +181,23 @@ def test_a_reload_that_drops_tls_leaves_a_restarted_worker_on_mtls(stack, certs)
     """Envoy's processor cluster is in its static bootstrap: a reload cannot switch it. A worker
     restarted after a reload that drops `tls` from the file still serves mTLS (the supervisor's
     setting from its start), so Envoy still reaches it; the change needs a full restart."""
+    cfg = Path(stack.config_path)
+    original = cfg.read_text()
+    doc = json.loads(original)
+    doc["spec"]["processor"].pop("tls")
+    cfg.write_text(json.dumps(doc))
+    try:
+        assert stack.reload().accepted
+        _restarted_worker_stays_on_mtls(stack, certs)
+    finally:  # the module's stack is shared: the other tests (in any order) see the file with tls again
+        cfg.write_text(original)
+        assert stack.reload().accepted
+
+
+def _restarted_worker_stays_on_mtls(stack, certs) -> None:
     import os
     import signal
     import time
-    cfg = Path(stack.config_path)
-    doc = json.loads(cfg.read_text())
-    doc["spec"]["processor"].pop("tls")
-    cfg.write_text(json.dumps(doc))
-    assert stack.reload().accepted
     worker = stack.supervisor.workers[0]
     old = worker.pid
     os.kill(old, signal.SIGKILL)
