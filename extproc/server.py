@@ -132,7 +132,13 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     runtime.start_signals()  # engine metrics of the endpoints engine-signal plugins decide over (if any)
     from extproc.negotiate import negotiator
 
-    negotiator(runtime).start(snapshot.backends.values())  # each OpenAI-compatible backend's dialect (background)
+    # each OpenAI-compatible backend's dialect (background); a backend only passthrough routes reach is
+    # never re-encoded, so it gets no probe traffic at start (a health check's probe still asks)
+    reached: dict[bool, set[str]] = {True: set(), False: set()}  # adapting route? -> backend names
+    for r in snapshot.routes.values():
+        reached[r.kind != "passthrough"].update(b.name for b in (r.backends or ((r.backend,) if r.backend else ())))
+    passthrough_only = reached[False] - reached[True]
+    negotiator(runtime).start([b for b in snapshot.backends.values() if b.name not in passthrough_only])
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
     pb_grpc.add_ExternalProcessorServicer_to_server(service, server)
