@@ -65,7 +65,9 @@ def test_messages_answer_with_the_servers_usage(stack):
     client = anthropic.Anthropic(base_url=stack.url, api_key="unused", max_retries=0, timeout=60)
     m = client.messages.create(model=MODEL, max_tokens=4, system="Answer.", messages=[{"role": "user", "content": "hi"}])
     assert m.type == "message" and m.model == MODEL and m.stop_reason in ("max_tokens", "end_turn")
-    assert m.usage.input_tokens > 0 and 1 <= m.usage.output_tokens <= 4
+    # the server's own count, passed through: llama-cpp-python has reported max_tokens + 1 (5 for 4, a
+    # clean-clone run), so only its bound is checked here
+    assert m.usage.input_tokens > 0 and 1 <= m.usage.output_tokens <= 5
 
 
 def test_messages_stream_from_a_server_without_stream_usage_gets_an_estimate(stack):
