@@ -334,11 +334,16 @@ def dialect_of(state: Any, backend: Any) -> Dialect:
 
 
 async def dialects_known(state: Any) -> None:
-    """Wait (bounded, `REQUEST_WAIT`) until the route's OpenAI-compatible targets are negotiated."""
+    """Wait (bounded: `REQUEST_WAIT`, and a quarter of `spec.processor.messageTimeout`) until the route's
+    OpenAI-compatible targets are negotiated."""
     if state.runtime is None or state.route is None:
         return
     n = negotiator(state.runtime)
-    waits = [n.ready(b) for b in state.route.backends or (state.route.backend,) if b is not None and not n.known(b)]
+    # never long enough for Envoy's per-message timeout to fire first: at most a quarter of it
+    timeout = getattr(getattr(getattr(state, "snapshot", None), "processor", None), "message_timeout", None)
+    wait = min(REQUEST_WAIT, timeout / 4) if isinstance(timeout, (int, float)) and timeout > 0 else REQUEST_WAIT
+    waits = [n.ready(b, wait) for b in state.route.backends or (state.route.backend,)
+             if b is not None and not n.known(b)]
     if waits:
         await asyncio.gather(*waits)
 
