@@ -164,8 +164,9 @@ def test_a_fast_plan_promotes_identical_arms_to_100_rolls_a_failing_canary_back_
     failed = {m["metric"]: m for m in ev["evidence"]["verdict"]["metrics"] if m["verdict"] == "fail"}
     assert set(failed) == {"error"} and failed["error"]["errors_canary"] >= 30
     assert doc["arms"]["canary"]["weight_percent"] == 0 and time.monotonic() - t0 < 30
-    # the restarted worker wrote a new file, and the controller read it
-    assert feed0.stat().st_ino != inode and struct.unpack_from("<Q", feed0.read_bytes(), 24)[0] > 0
+    # the restarted worker wrote a new file (it has records), and the controller read it; the file's inode
+    # number is not compared: the filesystem may give the new file the deleted one's (clean-clone run 3)
+    assert inode and struct.unpack_from("<Q", feed0.read_bytes(), 24)[0] > 0
     tail = sup.controller.reader._tails[feed0.name]
     assert tail.ino == feed0.stat().st_ino and tail.cursor > 0
     assert load.codes[200] > 0 and load.codes[503] > 0  # the canary's requests failed until the rollback
