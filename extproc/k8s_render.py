@@ -20,7 +20,10 @@ What `render_k8s(path, options)` writes (file name -> YAML documents), all from 
   before the router, and merges each route's per-route ext_proc settings into the gateway's route of
   the same name (name the VirtualService's http routes after the config's routes);
 - `inferencepool.yaml` (only with `spec.epp`): an `InferencePool` (inference.networking.k8s.io/v1)
-  whose `endpointPickerRef` is our processor's EPP Service `<name>-epp` (extproc/epp.py).
+  whose `endpointPickerRef` is our processor's EPP Service `<name>-epp` (extproc/epp.py);
+- `inference-gateway.yaml` (only with `spec.epp`): a Gateway API `Gateway` (gateway.networking.k8s.io/v1,
+  class `--gateway-class`, one HTTP listener) and an `HTTPRoute` on it whose backendRef is that
+  InferencePool: the inference gateway that asks our EPP which endpoint serves.
 The config is rewritten for the cluster before anything is rendered (`cluster_config_text`): Envoy
 and the processor listen on 0.0.0.0, Envoy reaches the processor at its Service's DNS name, the
 worker count is fixed (Envoy's cluster lists one port per worker) and the state directory is a
@@ -81,6 +84,8 @@ class K8sOptions:
     istio_namespace: str = "istio-system"
     istio_selector: dict[str, str] = field(default_factory=lambda: {"istio": "ingressgateway"})
     pool_selector: dict[str, str] | None = None  # InferencePool's model-server pods (default app=<pool>)
+    gateway_class: str = "istio"  # the inference Gateway's gatewayClassName (EPP mode)
+    gateway_port: int = 80  # its HTTP listener's port
 
 
 def processor_host(name: str, namespace: str) -> str:
@@ -369,6 +374,30 @@ def inference_pool(name: str, options: K8sOptions, snap: Snapshot) -> list[dict[
              "spec": spec}]
 
 
+def inference_gateway(name: str, options: K8sOptions, snap: Snapshot) -> list[dict[str, Any]]:
+    """A Gateway API `Gateway` (one HTTP listener, class `--gateway-class`) and an `HTTPRoute` on it whose
+    one rule sends every path to the InferencePool (backendRef group inference.networking.k8s.io, kind
+    InferencePool): what makes a Gateway API implementation call our EPP for the pool's requests."""
+    if snap.epp is None:
+        return []
+    gateway = f"{name}-inference-gateway"
+    return [
+        {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+         "metadata": {"name": gateway, "namespace": options.namespace, "labels": _labels(name, "epp")},
+         "spec": {"gatewayClassName": options.gateway_class,
+                  "listeners": [{"name": "http", "protocol": "HTTP", "port": options.gateway_port,
+                                 "allowedRoutes": {"namespaces": {"from": "Same"}}}]}},
+        {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+         "metadata": {"name": f"{name}-{snap.epp.pool.name}", "namespace": options.namespace,
+                      "labels": _labels(name, "epp")},
+         "spec": {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway,
+                                  "sectionName": "http"}],
+                  "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                             "backendRefs": [{"group": "inference.networking.k8s.io", "kind": "InferencePool",
+                                              "name": snap.epp.pool.name}]}]}},
+    ]
+
+
 def render_k8s(path: str | Path, options: K8sOptions = K8sOptions()) -> dict[str, list[dict[str, Any]]]:
     """{file name: documents}; ConfigError for an invalid config, RenderError for one that cannot deploy."""
     path = Path(path)
@@ -389,6 +418,7 @@ def render_k8s(path: str | Path, options: K8sOptions = K8sOptions()) -> dict[str
     pool = inference_pool(name, options, snap)
     if pool:
         out["inferencepool.yaml"] = pool
+        out["inference-gateway.yaml"] = inference_gateway(name, options, snap)
     return out
 
 
@@ -446,7 +476,8 @@ def cmd_render_k8s(args: Any) -> int:
     opts = K8sOptions(namespace=args.namespace, name=args.name, image=args.image, envoy_image=args.envoy_image,
                       envoy_replicas=args.envoy_replicas, processor_replicas=args.processor_replicas,
                       workers=args.workers, service_type=args.service_type, istio_namespace=args.istio_namespace,
-                      istio_selector=args.istio_selector, pool_selector=args.pool_selector)
+                      istio_selector=args.istio_selector, pool_selector=args.pool_selector,
+                      gateway_class=args.gateway_class, gateway_port=args.gateway_port)
     try:
         written = write_k8s(args.file, args.output, opts)
     except RenderError as e:
@@ -493,7 +524,8 @@ def register(sub: Any) -> None:
     """`adapterctl render-k8s` and `adapterctl render-compose` (extproc/cli.py calls this)."""
     s = sub.add_parser("render-k8s", help="write Kubernetes, Istio and Gateway API manifests from a config",
                        description="Writes configmap.yaml, processor.yaml, envoy.yaml, agent.yaml, "
-                       "istio-envoyfilter.yaml and, with spec.epp, inferencepool.yaml into DIR "
+                       "istio-envoyfilter.yaml and, with spec.epp, inferencepool.yaml and inference-gateway.yaml "
+                       "(a Gateway and an HTTPRoute to the pool) into DIR "
                        "(docs/deploy-kubernetes.md). Exit 1: invalid config, or one that cannot be deployed.")
     s.add_argument("file")
     s.add_argument("-o", "--output", required=True, metavar="DIR")
@@ -511,6 +543,10 @@ def register(sub: Any) -> None:
                    help="the ingress gateway pods' labels (default istio=ingressgateway)")
     s.add_argument("--pool-selector", type=_labels_arg, metavar="K=V[,K=V]",
                    help="the InferencePool's model-server pods (default app=<spec.epp.pool>)")
+    s.add_argument("--gateway-class", default=K8sOptions.gateway_class,
+                   help="gatewayClassName of the inference Gateway (EPP mode; default %(default)s)")
+    s.add_argument("--gateway-port", type=int, default=K8sOptions.gateway_port,
+                   help="the inference Gateway's HTTP listener port (default %(default)s)")
     s.set_defaults(fn=cmd_render_k8s)
 
     s = sub.add_parser("render-compose", help="write docker-compose.yml (and its Envoy bootstrap) from a config",

@@ -33,6 +33,8 @@ SCHEMAS = Path(__file__).parent / "k8s_schemas"
 CRDS = {
     ("networking.istio.io/v1alpha3", "EnvoyFilter"): "envoyfilters.networking.istio.io-1.30.3.yaml",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools.inference.networking.k8s.io-v1.6.0.yaml",
+    ("gateway.networking.k8s.io/v1", "Gateway"): "gateways.gateway.networking.k8s.io-v1.6.1.yaml",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproutes.gateway.networking.k8s.io-v1.6.1.yaml",
 }
 FINANCE = REPO / "examples" / "finance-llm-adapter.yaml"
 EPP = REPO / "examples" / "k8s" / "epp-pool.yaml"
@@ -74,6 +76,10 @@ def validate(doc: dict) -> None:
         if doc["kind"] == "InferencePool":  # the CRD's one CEL rule that applies (x-kubernetes-validations)
             ref = doc["spec"]["endpointPickerRef"]
             assert ref.get("kind", "Service") != "Service" or "port" in ref
+        if doc["kind"] == "HTTPRoute":  # the backendRef CEL rule: a core Service needs a port
+            for rule in doc["spec"]["rules"]:
+                for ref in rule.get("backendRefs", []):
+                    assert ref.get("group", "") != "" or ref.get("kind", "Service") != "Service" or "port" in ref
     else:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
@@ -120,10 +126,16 @@ def test_the_written_files_are_what_render_returns(tmp_path):
     ("InferencePool", lambda d: d["spec"]["endpointPickerRef"].update(failureMode="FailSometimes")),
     ("InferencePool", lambda d: d["spec"]["endpointPickerRef"].pop("port")),  # the CEL rule
     ("InferencePool", lambda d: d["spec"].update(extensionRef={"name": "x"})),  # the v1alpha2 field name
+    ("Gateway", lambda d: d["spec"].pop("gatewayClassName")),
+    ("Gateway", lambda d: d["spec"]["listeners"][0].update(port=0)),  # minimum 1
+    ("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].update(weight="1")),
+    ("HTTPRoute", lambda d: d["spec"]["rules"][0]["matches"][0]["path"].update(type="Prefix")),
+    ("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].update(endpointPickerRef={})),  # unknown
+    ("HTTPRoute", lambda d: d["spec"]["rules"][0]["backendRefs"][0].update(group="", kind="Service")),  # CEL
 ], ids=lambda b: b[0] if isinstance(b, tuple) else None)
 def test_a_broken_manifest_fails_the_validator(breakage):
     kind, breaks = breakage
-    manifests = render_k8s(EPP if kind == "InferencePool" else FINANCE)
+    manifests = render_k8s(EPP if kind in ("InferencePool", "Gateway", "HTTPRoute") else FINANCE)
     doc = copy.deepcopy(next(d for d in docs_of(manifests) if d["kind"] == kind))
     validate(doc)  # valid as rendered
     breaks(doc)
@@ -329,6 +341,123 @@ def test_the_inferencepool_names_our_epp_service_as_its_endpoint_picker():
     assert snap.processor.workers == 1
 
 
+def test_an_httproute_on_a_gateway_sends_requests_to_the_inferencepool():
+    """The inference gateway: a Gateway of the chosen class, and an HTTPRoute attached to its listener
+    whose one rule's backendRef is the InferencePool (group, kind and name), in the pool's namespace."""
+    manifests = render_k8s(EPP, K8sOptions(namespace="llm", gateway_class="kgateway", gateway_port=8080))
+    assert [d["kind"] for d in manifests["inference-gateway.yaml"]] == ["Gateway", "HTTPRoute"]
+    pool, gateway, route = (by_kind(manifests, k) for k in ("InferencePool", "Gateway", "HTTPRoute"))
+    for doc in (pool, gateway, route):
+        validate(doc)
+        assert doc["metadata"]["namespace"] == "llm"
+    assert gateway["spec"]["gatewayClassName"] == "kgateway"
+    (listener,) = gateway["spec"]["listeners"]
+    assert (listener["protocol"], listener["port"]) == ("HTTP", 8080)
+    (parent,) = route["spec"]["parentRefs"]
+    assert (parent["group"], parent["kind"], parent["name"], parent["sectionName"]) == \
+        ("gateway.networking.k8s.io", "Gateway", gateway["metadata"]["name"], listener["name"])
+    (rule,) = route["spec"]["rules"]
+    assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    (backend,) = rule["backendRefs"]
+    assert (backend["group"], backend["kind"], backend["name"]) == \
+        ("inference.networking.k8s.io", "InferencePool", pool["metadata"]["name"])
+    assert "inference-gateway.yaml" not in render_k8s(FINANCE)  # no spec.epp, no pool to route to
+
+
+def _apply_envoyfilter(bootstrap: dict, envoyfilter: dict) -> dict:
+    """What Istio does with the EnvoyFilter's patches on a gateway's listener, clusters and routes (only the
+    operations and matches our EnvoyFilter uses; anything else fails the test)."""
+    out = copy.deepcopy(bootstrap)
+    static = out["static_resources"]
+    for patch in envoyfilter["spec"]["configPatches"]:
+        assert patch["match"]["context"] == "GATEWAY"
+        op, value = patch["patch"]["operation"], copy.deepcopy(patch["patch"]["value"])
+        if patch["applyTo"] == "CLUSTER":
+            assert op == "ADD"
+            static["clusters"].append(value)
+        elif patch["applyTo"] == "HTTP_FILTER":
+            assert op == "INSERT_BEFORE"
+            want = patch["match"]["listener"]["filterChain"]["filter"]
+            hits = 0
+            for lst in static["listeners"]:
+                for chain in lst["filter_chains"]:
+                    for f in chain["filters"]:
+                        if f["name"] != want["name"]:
+                            continue
+                        filters = f["typed_config"]["http_filters"]
+                        at = [i for i, h in enumerate(filters) if h["name"] == want["subFilter"]["name"]]
+                        assert len(at) == 1
+                        filters.insert(at[0], value)
+                        hits += 1
+            assert hits == 1
+        elif patch["applyTo"] == "HTTP_ROUTE":
+            assert op == "MERGE"
+            name = patch["match"]["routeConfiguration"]["vhost"]["route"]["name"]
+            hcm = static["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+            routes = [r for vh in hcm["route_config"]["virtual_hosts"] for r in vh["routes"] if r["name"] == name]
+            assert len(routes) == 1, name
+            for k, v in value.items():
+                routes[0].setdefault(k, {}).update(v)
+        else:
+            raise AssertionError(patch["applyTo"])
+    return out
+
+
+def test_the_envoyfilter_patched_into_an_istio_like_gateway_is_accepted_by_envoy(tmp_path):
+    """An ingress gateway's shape (a listener whose HCM ends in the router, a route per VirtualService http
+    route, the route's own upstream cluster) with the EnvoyFilter's patches applied as Istio applies them:
+    the ext_proc filter lands right before the router, its cluster exists, and Envoy 1.40 accepts the result
+    (`envoy --mode validate`); a malformed filter is refused by the same check."""
+    from extproc.cli import envoy_validate
+
+    manifests = render_k8s(FINANCE)
+    ef = by_kind(manifests, "EnvoyFilter")
+    route_names = [p["match"]["routeConfiguration"]["vhost"]["route"]["name"]
+                   for p in ef["spec"]["configPatches"] if p["applyTo"] == "HTTP_ROUTE"]
+    upstream = "outbound|8080||finance.default.svc.cluster.local"
+    gateway = {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 15000}}},
+        "static_resources": {
+            "listeners": [{"name": "0.0.0.0_8080",
+                           "address": {"socket_address": {"address": "0.0.0.0", "port_value": 8080}},
+                           "filter_chains": [{"filters": [{
+                               "name": "envoy.filters.network.http_connection_manager",
+                               "typed_config": {
+                                   "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                                            "http_connection_manager.v3.HttpConnectionManager",
+                                   "stat_prefix": "outbound_0.0.0.0_8080",
+                                   "route_config": {"name": "http.8080", "virtual_hosts": [{
+                                       "name": "*:80", "domains": ["*"],
+                                       "routes": [{"name": n, "match": {"prefix": "/"}, "route": {"cluster": upstream}}
+                                                  for n in route_names]}]},
+                                   "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+                                       "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+                               }}]}]}],
+            "clusters": [{"name": upstream, "type": "STRICT_DNS", "connect_timeout": "1s",
+                          "load_assignment": {"cluster_name": upstream, "endpoints": [{"lb_endpoints": [{"endpoint": {
+                              "address": {"socket_address": {"address": "finance.default.svc.cluster.local",
+                                                             "port_value": 8080}}}}]}]}}],
+        },
+    }
+    patched = _apply_envoyfilter(gateway, ef)
+    hcm = patched["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    assert [f["name"] for f in hcm["http_filters"]] == [EXT_PROC, "envoy.filters.http.router"]
+    cluster_name = hcm["http_filters"][0]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+    assert cluster_name in {c["name"] for c in patched["static_resources"]["clusters"]}
+    out = tmp_path / "istio-gateway.yaml"
+    out.write_text(yaml.safe_dump(patched, sort_keys=False))
+    ok, output = envoy_validate(str(out))
+    assert ok, output
+    # Envoy parses the inserted filter (an unknown field in it is refused); it resolves the gRPC cluster only
+    # when a stream opens, so the cluster's existence is the structural assertion above
+    ef_bad = copy.deepcopy(ef)
+    next(p for p in ef_bad["spec"]["configPatches"] if p["applyTo"] == "HTTP_FILTER")["patch"]["value"][
+        "typed_config"]["processing_mode"]["request_header_mod"] = "SEND"
+    out.write_text(yaml.safe_dump(_apply_envoyfilter(gateway, ef_bad), sort_keys=False))
+    ok, output = envoy_validate(str(out))
+    assert not ok and "request_header_mod" in output
+
+
 def test_an_invalid_config_is_refused_with_file_field_and_reason(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(FINANCE.read_text().replace("kind: tensor", "kind: tensr"))
@@ -375,7 +504,7 @@ def test_adapterctl_render_k8s_writes_the_directory(tmp_path):
                           "--namespace", "llm", "--pool-selector", "app=vllm"],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.yaml", "configmap.yaml", "inferencepool.yaml",
-                                                          "processor.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent.yaml", "configmap.yaml", "inference-gateway.yaml",
+                                                          "inferencepool.yaml", "processor.yaml"]
     pool = yaml.safe_load((tmp_path / "inferencepool.yaml").read_text())
     assert pool["metadata"]["namespace"] == "llm" and pool["spec"]["selector"]["matchLabels"] == {"app": "vllm"}
