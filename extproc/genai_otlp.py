@@ -36,15 +36,10 @@ requests nothing: the exporter retries within `exportTimeout` in that thread, th
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import threading
 from typing import Any
 
 from extproc.metrics import GENAI_DURATION_BUCKETS, GENAI_TOKEN_BUCKETS, GENAI_TPOT_BUCKETS, GENAI_TTFT_BUCKETS
-
-log = logging.getLogger(__name__)
+from extproc.otlp import OtlpProvider, resource
 
 SCOPE = "adapter-gateway.extproc"
 # (name, unit, description, boundaries): the conventions' definitions (docs/gen-ai/gen-ai-metrics.md)
@@ -60,37 +55,34 @@ INSTRUMENTS = (
 MAX_ATTRIBUTE_SETS = 4096  # label sets are bounded by the config; beyond this the cache starts over
 
 
-class GenAiOtlp:
-    """The worker's meter provider for one `OtlpMetricsSpec`, and the `GenAiSink` recording into it."""
+class GenAiOtlp(OtlpProvider):
+    """The worker's meter provider for one `OtlpMetricsSpec`, and the `GenAiSink` recording into it
+    (`flush`, `shutdown`, `shutdown_in_background`, `configure`: extproc/otlp.py)."""
+
+    SHUTDOWN_FAILED = "otlpMetrics: shutting down the meter provider failed"
+    THREAD_NAME = "genai-otlp-shutdown"
 
     def __init__(self, spec: Any, worker: int = 0, exporter: Any = None):
         from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-        from opentelemetry.sdk.resources import Resource
 
-        self.spec = spec
-        self.worker = worker
+        super().__init__(spec, worker)
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
             exporter = OTLPMetricExporter(endpoint=spec.endpoint, insecure=True, timeout=spec.export_timeout)
-        resource = Resource.create({"service.name": f"{spec.service_name}-processor",
-                                    "service.instance.id": f"{socket.gethostname()}-{os.getpid()}",
-                                    "adapter.worker": worker})
         views = [View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(boundaries=bounds))
                  for name, _, _, bounds in INSTRUMENTS]
         self.reader = PeriodicExportingMetricReader(exporter, export_interval_millis=spec.interval * 1000,
                                                     export_timeout_millis=spec.export_timeout * 1000)
         # no exemplars: they would cost a context lookup per record, and these records run after the request
-        self.provider = MeterProvider(metric_readers=[self.reader], resource=resource, views=views,
+        self.provider = MeterProvider(metric_readers=[self.reader], resource=resource(spec, worker), views=views,
                                       exemplar_filter=AlwaysOffExemplarFilter())
         meter = self.provider.get_meter(SCOPE)
         self._duration, self._ttft, self._tpot, self._tokens = (
             meter.create_histogram(name, unit=unit, description=desc) for name, unit, desc, _ in INSTRUMENTS)
         self._attrs: dict[tuple, dict[str, Any]] = {}
-        self._closed = False
-        self.stopped = threading.Event()  # set once `shutdown` has finished
 
     # --- the GenAiSink interface (extproc/genai.py) --------------------------------------------------
 
@@ -128,38 +120,16 @@ class GenAiOtlp:
     def tpot(self, key: tuple, seconds: float) -> None:
         self._tpot.record(seconds, self._attributes(key))
 
-    # --- lifecycle ----------------------------------------------------------------------------------
+    # --- lifecycle (extproc/otlp.py) ----------------------------------------------------------------
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Collect and export now (tests, shutdown); False when it did not finish in time."""
-        return self.provider.force_flush(int((timeout or self.spec.export_timeout) * 1000))
-
-    def shutdown(self) -> None:
-        """A last export (bounded by the export timeout), then stop the reader's thread; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.provider.shutdown(timeout_millis=self.spec.export_timeout * 1000)
-        except Exception:  # noqa: BLE001 - a collector problem must not fail a reload or a stop
-            log.exception("otlpMetrics: shutting down the meter provider failed")
-        self.stopped.set()
-
-    def shutdown_in_background(self) -> None:
-        """`shutdown` in a daemon thread: a reload (the event loop) never waits for a collector."""
-        threading.Thread(target=self.shutdown, name="genai-otlp-shutdown", daemon=True).start()
+    def _shutdown_provider(self) -> None:
+        self.provider.shutdown(timeout_millis=self.spec.export_timeout * 1000)  # the reader's last export
 
 
 def configure(current: GenAiOtlp | None, spec: Any, worker: int = 0) -> GenAiOtlp | None:
     """The worker's `GenAiOtlp` for `spec` (None: off): the current one when the spec is unchanged,
     else a new one (the old one is shut down in the background, after its last export)."""
-    if current is not None and current.spec == spec:
-        return current
-    if current is not None:
-        current.shutdown_in_background()
-    if spec is None:
-        return None
-    return GenAiOtlp(spec, worker)
+    return GenAiOtlp.configure(current, spec, worker)
 
 
 __all__ = ["GenAiOtlp", "configure", "INSTRUMENTS"]

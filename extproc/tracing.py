@@ -33,15 +33,10 @@ span, measured in docs/tracing.md.
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import threading
 from typing import Any, Iterable
 
+from extproc.otlp import OtlpProvider, resource
 from extproc.types import Mutate, Phase, Reject, Respond
-
-log = logging.getLogger(__name__)
 
 TRACE_ATTR = "trace"  # state.attrs key of the request's StreamTrace (only when it is sampled)
 SCOPE = "adapter-gateway.extproc"
@@ -59,24 +54,24 @@ def _verdict_name(verdict: Any) -> str:
     return "continue"
 
 
-class Tracing:
-    """The worker's tracer provider for one `TracingSpec`; `shutdown()` flushes and stops it."""
+class Tracing(OtlpProvider):
+    """The worker's tracer provider for one `TracingSpec`; `shutdown()` flushes and stops it
+    (`flush`, `shutdown`, `shutdown_in_background`, `configure`: extproc/otlp.py)."""
+
+    SHUTDOWN_FAILED = "tracing: shutting down the tracer provider failed"
+    THREAD_NAME = "tracing-shutdown"
 
     def __init__(self, spec: Any, worker: int = 0, exporter: Any = None):
         from opentelemetry import trace as api
-        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
         from opentelemetry.trace.status import Status, StatusCode
 
-        self.spec = spec
-        self.worker = worker
-        resource = Resource.create({"service.name": f"{spec.service_name}-processor",
-                                    "service.instance.id": f"{socket.gethostname()}-{os.getpid()}",
-                                    "adapter.worker": worker})
-        self.provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(spec.sampling_ratio)))
+        super().__init__(spec, worker)
+        self.provider = TracerProvider(resource=resource(spec, worker),
+                                       sampler=ParentBased(TraceIdRatioBased(spec.sampling_ratio)))
         if exporter is None:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -91,8 +86,6 @@ class Tracing:
         self._server = api.SpanKind.SERVER
         self._internal = api.SpanKind.INTERNAL
         self._error = lambda what: Status(StatusCode.ERROR, what)
-        self._closed = False
-        self.stopped = threading.Event()  # set once `shutdown` has finished
 
     # --- per stream ---------------------------------------------------------------------------------
 
@@ -105,38 +98,16 @@ class Tracing:
         parent = self._propagator.extract(carrier) if "traceparent" in carrier else None
         return StreamTrace(self, state, parent, "grpc-metadata" if parent is not None else None)
 
-    # --- lifecycle ----------------------------------------------------------------------------------
+    # --- lifecycle (extproc/otlp.py) ----------------------------------------------------------------
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Export what is queued (tests, shutdown); False when it did not finish in time."""
-        return self.processor.force_flush(int((timeout or self.spec.export_timeout) * 1000))
-
-    def shutdown(self) -> None:
-        """Flush (bounded by the export timeout) and stop the export thread; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.provider.shutdown()
-        except Exception:  # noqa: BLE001 - a collector problem must not fail a reload or a stop
-            log.exception("tracing: shutting down the tracer provider failed")
-        self.stopped.set()
-
-    def shutdown_in_background(self) -> None:
-        """`shutdown` in a daemon thread: a reload (the event loop) never waits for a collector."""
-        threading.Thread(target=self.shutdown, name="tracing-shutdown", daemon=True).start()
+    def _shutdown_provider(self) -> None:
+        self.provider.shutdown()  # each span processor: a last export bounded by its export timeout
 
 
 def configure(current: Tracing | None, spec: Any, worker: int = 0) -> Tracing | None:
     """The worker's `Tracing` for `spec` (None: off): the current one when the spec is unchanged,
     else a new one (the old one is shut down in the background)."""
-    if current is not None and current.spec == spec:
-        return current
-    if current is not None:
-        current.shutdown_in_background()
-    if spec is None:
-        return None
-    return Tracing(spec, worker)
+    return Tracing.configure(current, spec, worker)
 
 
 class StreamTrace:

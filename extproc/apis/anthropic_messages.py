@@ -41,11 +41,13 @@ encodes; state per stream: the open block's index, the tool-call-to-block map an
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import orjson
 
-from extproc.apis.common import TranslationError, listed, named, sse_event, text_of, tool_input, usage_of
+from extproc.apis.common import (ChatStream, TranslationError, copy_sampling, copy_tools, first_choice,
+                                 function_calls, function_tool, is_int, model_of, named, objects, reply_id,
+                                 require, sse_event, stream_of, text_of, tool_input, usage_of)
 
 NAME = "anthropic-messages"
 API = "anthropic.messages"
@@ -54,49 +56,47 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
                 "content_filter": "refusal"}
 
 
-def _require(cond: bool, message: str, param: str) -> None:
-    if not cond:
-        raise TranslationError(message, param)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
     source = block.get("source")
-    _require(isinstance(source, dict), f"{where}.source must be an object", f"{where}.source")
+    require(isinstance(source, dict), f"{where}.source must be an object", f"{where}.source")
     kind = source.get("type")
     if kind == "base64":
-        _require(isinstance(source.get("media_type"), str) and isinstance(source.get("data"), str),
-                 f"{where}.source needs string media_type and data", f"{where}.source")
+        require(isinstance(source.get("media_type"), str) and isinstance(source.get("data"), str),
+                f"{where}.source needs string media_type and data", f"{where}.source")
         url = f"data:{source['media_type']};base64,{source['data']}"
     elif kind == "url":
-        _require(isinstance(source.get("url"), str), f"{where}.source.url must be a string", f"{where}.source.url")
+        require(isinstance(source.get("url"), str), f"{where}.source.url must be a string", f"{where}.source.url")
         url = source["url"]
     else:
         raise TranslationError(f"{where}.source.type {kind!r} is not supported (base64 or url)", f"{where}.source.type")
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+def _blocks(content: Any, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(`where[i]`, block) for each content block of a message's `content` list."""
+    return objects(content, where, "a string or a list of content blocks")
+
+
+def _text(block: dict[str, Any], at: str) -> str:
+    """A `text` block's text (a string is required)."""
+    require(isinstance(block.get("text"), str), f"{at}.text must be a string", f"{at}.text")
+    return block["text"]
+
+
 def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
     """One user turn: its tool results as `tool` messages first, then the rest as one user message."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    _require(isinstance(content, list), f"{where} must be a string or a list of content blocks", where)
     tools: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
-    for i, block in enumerate(content):
-        at = f"{where}[{i}]"
-        _require(isinstance(block, dict), f"{at} must be an object", at)
+    for at, block in _blocks(content, where):
         kind = block.get("type")
         if kind == "text":
-            _require(isinstance(block.get("text"), str), f"{at}.text must be a string", f"{at}.text")
-            parts.append({"type": "text", "text": block["text"]})
+            parts.append({"type": "text", "text": _text(block, at)})
         elif kind == "image":
             parts.append(_image_part(block, at))
         elif kind == "tool_result":
-            _require(isinstance(block.get("tool_use_id"), str), f"{at}.tool_use_id must be a string", f"{at}.tool_use_id")
+            require(isinstance(block.get("tool_use_id"), str), f"{at}.tool_use_id must be a string", f"{at}.tool_use_id")
             text = text_of(block.get("content"), f"{at}.content")
             if block.get("is_error") is True:
                 text = f"Error: {text}"
@@ -113,20 +113,16 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
 def _assistant_message(content: Any, where: str) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
-    _require(isinstance(content, list), f"{where} must be a string or a list of content blocks", where)
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    for i, block in enumerate(content):
-        at = f"{where}[{i}]"
-        _require(isinstance(block, dict), f"{at} must be an object", at)
+    for at, block in _blocks(content, where):
         kind = block.get("type")
         if kind == "text":
-            _require(isinstance(block.get("text"), str), f"{at}.text must be a string", f"{at}.text")
-            texts.append(block["text"])
+            texts.append(_text(block, at))
         elif kind == "tool_use":
-            _require(isinstance(block.get("id"), str) and isinstance(block.get("name"), str),
-                     f"{at} needs string id and name", at)
-            _require(isinstance(block.get("input", {}), dict), f"{at}.input must be an object", f"{at}.input")
+            require(isinstance(block.get("id"), str) and isinstance(block.get("name"), str),
+                    f"{at} needs string id and name", at)
+            require(isinstance(block.get("input", {}), dict), f"{at}.input must be an object", f"{at}.input")
             calls.append({"id": block["id"], "type": "function",
                           "function": {"name": block["name"], "arguments": orjson.dumps(block.get("input", {})).decode()}})
         elif kind in ("thinking", "redacted_thinking"):
@@ -141,27 +137,18 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
-    _require(isinstance(tools, list), "tools must be a list", "tools")
     out = []
-    for i, tool in enumerate(tools):
-        at = f"tools[{i}]"
-        _require(isinstance(tool, dict), f"{at} must be an object", at)
+    for at, tool in objects(tools, "tools", "a list"):
         kind = tool.get("type", "custom")
         if kind not in ("custom", None):
             raise TranslationError(f"{at}.type {kind!r}: server tools are not available on this gateway "
                                    "(only client tools with an input_schema)", f"{at}.type")
-        _require(isinstance(tool.get("name"), str) and tool["name"], f"{at}.name must be a non-empty string", f"{at}.name")
-        schema = tool.get("input_schema")
-        _require(isinstance(schema, dict), f"{at}.input_schema must be a JSON schema object", f"{at}.input_schema")
-        fn: dict[str, Any] = {"name": tool["name"], "parameters": schema}
-        if isinstance(tool.get("description"), str):
-            fn["description"] = tool["description"]
-        out.append({"type": "function", "function": fn})
+        out.append({"type": "function", "function": function_tool(tool, at, "input_schema", required=True)})
     return out
 
 
 def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
-    _require(isinstance(choice, dict), "tool_choice must be an object", "tool_choice")
+    require(isinstance(choice, dict), "tool_choice must be an object", "tool_choice")
     kind = choice.get("type")
     if kind == "auto":
         chat["tool_choice"] = "auto"
@@ -170,7 +157,7 @@ def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
     elif kind == "none":
         chat["tool_choice"] = "none"
     elif kind == "tool":
-        _require(isinstance(choice.get("name"), str), "tool_choice.name must be a string", "tool_choice.name")
+        require(isinstance(choice.get("name"), str), "tool_choice.name must be a string", "tool_choice.name")
         chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     else:
         raise TranslationError(f"tool_choice.type {kind!r} is not one of auto, any, tool, none", "tool_choice.type")
@@ -180,13 +167,12 @@ def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
 
 def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the chat-completions request, the context the response needs) for a Messages request."""
-    model = body.get("model")
-    _require(isinstance(model, str) and model != "", "model: a string is required", "model")
+    model = model_of(body)
     max_tokens = body.get("max_tokens")
-    _require(_is_int(max_tokens) and max_tokens >= 1, "max_tokens: an integer of at least 1 is required",
-             "max_tokens")
+    require(is_int(max_tokens) and max_tokens >= 1, "max_tokens: an integer of at least 1 is required",
+            "max_tokens")
     messages = body.get("messages")
-    _require(isinstance(messages, list) and len(messages) > 0, "messages: a non-empty list is required", "messages")
+    require(isinstance(messages, list) and len(messages) > 0, "messages: a non-empty list is required", "messages")
     chat: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
     out: list[dict[str, Any]] = []
     system = body.get("system")
@@ -194,11 +180,9 @@ def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         text = text_of(system, "system")
         if text:
             out.append({"role": "system", "content": text})
-    for i, m in enumerate(messages):
-        at = f"messages[{i}]"
-        _require(isinstance(m, dict), f"{at} must be an object", at)
+    for at, m in objects(messages, "messages", "a list"):
         role = m.get("role")
-        _require("content" in m, f"{at}.content is required", f"{at}.content")
+        require("content" in m, f"{at}.content is required", f"{at}.content")
         if role == "user":
             out.extend(_user_messages(m["content"], f"{at}.content"))
         elif role == "assistant":
@@ -206,35 +190,24 @@ def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         else:
             raise TranslationError(f"{at}.role must be user or assistant, not {role!r}", f"{at}.role")
     chat["messages"] = out
-    for key in ("temperature", "top_p"):
-        v = body.get(key)
-        if v is not None:
-            _require(isinstance(v, (int, float)) and not isinstance(v, bool), f"{key} must be a number", key)
-            chat[key] = v
+    copy_sampling(body, chat)
     if body.get("top_k") is not None:
-        _require(_is_int(body["top_k"]), "top_k must be an integer", "top_k")
+        require(is_int(body["top_k"]), "top_k must be an integer", "top_k")
         chat["top_k"] = body["top_k"]
     stops = body.get("stop_sequences")
     if stops is not None:
-        _require(isinstance(stops, list) and all(isinstance(s, str) for s in stops),
-                 "stop_sequences must be a list of strings", "stop_sequences")
+        require(isinstance(stops, list) and all(isinstance(s, str) for s in stops),
+                "stop_sequences must be a list of strings", "stop_sequences")
         if stops:
             chat["stop"] = stops
-    if body.get("tools") is not None:
-        tools = _tools(body["tools"])
-        if tools:
-            chat["tools"] = tools
+    copy_tools(body, chat, _tools)
     if body.get("tool_choice") is not None:
         _tool_choice(body["tool_choice"], chat)
     metadata = body.get("metadata")
     if isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
         chat["user"] = metadata["user_id"]
-    stream = body.get("stream")
-    _require(stream is None or isinstance(stream, bool), "stream must be a boolean", "stream")
-    if stream:
-        chat["stream"] = True
-        chat["stream_options"] = {"include_usage": True}
-    return chat, {"model": model, "stop_sequences": tuple(stops or ()), "stream": bool(stream)}
+    stream = stream_of(body, chat)
+    return chat, {"model": model, "stop_sequences": tuple(stops or ()), "stream": stream}
 
 
 def _stop(finish: Any, matched: Any, ctx: dict[str, Any]) -> tuple[str, str | None]:
@@ -244,8 +217,7 @@ def _stop(finish: Any, matched: Any, ctx: dict[str, Any]) -> tuple[str, str | No
 
 
 def message_id(chat_id: Any, fallback: str) -> str:
-    base = chat_id if isinstance(chat_id, str) and chat_id else fallback
-    return "msg_" + base.removeprefix("chatcmpl-")
+    return reply_id("msg_", chat_id, fallback)
 
 
 def _usage(u: tuple[int, int, int] | None) -> dict[str, int]:
@@ -258,17 +230,12 @@ def _usage(u: tuple[int, int, int] | None) -> dict[str, int]:
 
 def from_chat(chat: dict[str, Any], ctx: dict[str, Any], request_id: str = "") -> dict[str, Any]:
     """The Message for a chat completion (its first choice)."""
-    choices = chat.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    choice, message = first_choice(chat)
     content: list[dict[str, Any]] = []
     text = message.get("content")
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
-    for call in listed(message.get("tool_calls")):
-        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-            continue
-        fn = call["function"]
+    for _, call, fn in function_calls(message):
         content.append({"type": "tool_use", "id": named(call.get("id"), f"toolu_{len(content)}"),
                         "name": named(fn.get("name")), "input": tool_input(fn.get("arguments"))})
     reason, sequence = _stop(choice.get("finish_reason"), choice.get("stop_reason"), ctx)
@@ -279,27 +246,17 @@ def from_chat(chat: dict[str, Any], ctx: dict[str, Any], request_id: str = "") -
             "stop_sequence": sequence, "usage": _usage(usage_of(chat))}
 
 
-class MessagesStream:
-    """Chat-completion chunks in, Messages stream events out, chunk by chunk."""
+class MessagesStream(ChatStream):
+    """Chat-completion chunks in, Messages stream events out, chunk by chunk (the walk: `ChatStream`)."""
 
-    __slots__ = ("ctx", "request_id", "started", "block", "kind", "tools", "finish", "matched", "usage",
-                 "ended", "has_tool")
+    __slots__ = ("block", "kind")
 
     def __init__(self, ctx: dict[str, Any], request_id: str = ""):
-        self.ctx = ctx
-        self.request_id = request_id
-        self.started = False
+        super().__init__(ctx, request_id)
         self.block = -1  # index of the last block opened
         self.kind: str | None = None  # the open block's type (None: none open)
-        self.tools: dict[int, int] = {}  # the chat tool call's index -> its block index
-        self.finish: Any = None
-        self.matched: Any = None
-        self.usage: tuple[int, int, int] | None = None
-        self.ended = False
-        self.has_tool = False
 
     def _start(self, chunk: dict[str, Any]) -> list[bytes]:
-        self.started = True
         message = {"id": message_id(chunk.get("id"), self.request_id), "type": "message", "role": "assistant",
                    "model": self.ctx.get("model") or chunk.get("model"), "content": [], "stop_reason": None,
                    "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}
@@ -320,49 +277,28 @@ class MessagesStream:
                                                      "content_block": block}))
         return out
 
-    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
-        """The events for one chat chunk (possibly none)."""
-        out: list[bytes] = [] if self.started else self._start(chunk)
-        u = usage_of(chunk)
-        if u is not None:
-            self.usage = u
-        for choice in listed(chunk.get("choices")):
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                if self.kind != "text":
-                    out += self._open({"type": "text", "text": ""})
-                out.append(sse_event("content_block_delta", {"type": "content_block_delta", "index": self.block,
-                                                             "delta": {"type": "text_delta", "text": text}}))
-            for call in listed(delta.get("tool_calls")):
-                if not isinstance(call, dict):
-                    continue
-                i = call.get("index") if isinstance(call.get("index"), int) else 0
-                fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-                if i not in self.tools:
-                    self.has_tool = True
-                    call_id = named(call.get("id"), f"toolu_{self.request_id}_{i}")
-                    out += self._open({"type": "tool_use", "id": call_id, "name": named(fn.get("name")), "input": {}})
-                    self.tools[i] = self.block
-                args = fn.get("arguments")
-                if isinstance(args, str) and args:
-                    out.append(sse_event("content_block_delta", {
-                        "type": "content_block_delta", "index": self.tools[i],
-                        "delta": {"type": "input_json_delta", "partial_json": args}}))
-            if choice.get("finish_reason") is not None:
-                self.finish = choice["finish_reason"]
-                self.matched = choice.get("stop_reason")
-                out += self._close()
+    def _text(self, text: str) -> list[bytes]:
+        out = [] if self.kind == "text" else self._open({"type": "text", "text": ""})
+        out.append(sse_event("content_block_delta", {"type": "content_block_delta", "index": self.block,
+                                                     "delta": {"type": "text_delta", "text": text}}))
         return out
+
+    def _tool_open(self, i: int, call: dict[str, Any], fn: dict[str, Any]) -> list[bytes]:
+        call_id = named(call.get("id"), f"toolu_{self.request_id}_{i}")
+        out = self._open({"type": "tool_use", "id": call_id, "name": named(fn.get("name")), "input": {}})
+        self.tools[i] = self.block
+        return out
+
+    def _tool_args(self, index: int, args: str) -> list[bytes]:
+        return [sse_event("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                  "delta": {"type": "input_json_delta", "partial_json": args}})]
 
     def done(self) -> list[bytes]:
         """The closing events, at the chat stream's `[DONE]`."""
-        out = [] if self.started else self._start({})
+        out = self._begin({})
         out += self._close()
         reason, sequence = _stop(self.finish, self.matched, self.ctx)
-        if reason == "end_turn" and self.has_tool:
+        if reason == "end_turn" and self.tools:  # some servers finish tool calls with "stop"
             reason = "tool_use"
         self.ended = True
         return out + [sse_event("message_delta", {"type": "message_delta",

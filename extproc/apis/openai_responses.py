@@ -51,7 +51,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from extproc.apis.common import TranslationError, listed, named, sse_event, text_of, usage_of
+from extproc.apis.common import (ChatStream, TranslationError, copy_sampling, copy_tools, first_choice,
+                                 function_calls, function_tool, is_int, model_of, named, objects, reply_id,
+                                 require, sse_event, stream_of, text_of, usage_of)
 
 NAME = "openai-responses"
 API = "openai.responses"
@@ -64,28 +66,20 @@ ECHOED = ("instructions", "tools", "tool_choice", "temperature", "top_p", "max_o
           "parallel_tool_calls", "text", "user")
 
 
-def _require(cond: bool, message: str, param: str) -> None:
-    if not cond:
-        raise TranslationError(message, param)
-
-
 def _content(content: Any, where: str) -> Any:
     """A message item's content for chat: a string, or parts when it has images."""
     if isinstance(content, str):
         return content
-    _require(isinstance(content, list), f"{where} must be a string or a list of content parts", where)
     parts: list[dict[str, Any]] = []
-    for i, part in enumerate(content):
-        at = f"{where}[{i}]"
-        _require(isinstance(part, dict), f"{at} must be an object", at)
+    for at, part in objects(content, where, "a string or a list of content parts"):
         kind = part.get("type")
         if kind in ("input_text", "output_text", "text", "refusal"):
             key = "refusal" if kind == "refusal" else "text"
-            _require(isinstance(part.get(key), str), f"{at}.{key} must be a string", f"{at}.{key}")
+            require(isinstance(part.get(key), str), f"{at}.{key} must be a string", f"{at}.{key}")
             parts.append({"type": "text", "text": part[key]})
         elif kind == "input_image":
             url = part.get("image_url")
-            _require(isinstance(url, str), f"{at}.image_url must be a string (file_id images need the Files API, "
+            require(isinstance(url, str), f"{at}.image_url must be a string (file_id images need the Files API, "
                                            "which the gateway does not serve)", f"{at}.image_url")
             image: dict[str, Any] = {"url": url}
             if part.get("detail") in ("low", "high", "auto"):
@@ -103,20 +97,17 @@ def _messages(items: Any, out: list[dict[str, Any]]) -> None:
     if isinstance(items, str):
         out.append({"role": "user", "content": items})
         return
-    _require(isinstance(items, list), "input must be a string or a list of items", "input")
-    for i, item in enumerate(items):
-        at = f"input[{i}]"
-        _require(isinstance(item, dict), f"{at} must be an object", at)
+    for at, item in objects(items, "input", "a string or a list of items"):
         kind = item.get("type", "message")
         if kind == "message":
             role = ROLES.get(item.get("role"))
-            _require(role is not None, f"{at}.role must be user, assistant, system or developer", f"{at}.role")
+            require(role is not None, f"{at}.role must be user, assistant, system or developer", f"{at}.role")
             out.append({"role": role, "content": _content(item.get("content"), f"{at}.content")})
         elif kind == "function_call":
-            _require(isinstance(item.get("call_id"), str) and isinstance(item.get("name"), str),
-                     f"{at} needs string call_id and name", at)
+            require(isinstance(item.get("call_id"), str) and isinstance(item.get("name"), str),
+                    f"{at} needs string call_id and name", at)
             args = item.get("arguments", "")
-            _require(isinstance(args, str), f"{at}.arguments must be a string (JSON text)", f"{at}.arguments")
+            require(isinstance(args, str), f"{at}.arguments must be a string (JSON text)", f"{at}.arguments")
             call = {"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": args}}
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":  # a reply's text and its calls: one message
@@ -124,7 +115,7 @@ def _messages(items: Any, out: list[dict[str, Any]]) -> None:
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            _require(isinstance(item.get("call_id"), str), f"{at}.call_id must be a string", f"{at}.call_id")
+            require(isinstance(item.get("call_id"), str), f"{at}.call_id must be a string", f"{at}.call_id")
             output = text_of(item.get("output"), f"{at}.output", ("input_text", "output_text", "text"))
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
         elif kind == "reasoning":
@@ -138,23 +129,12 @@ def _messages(items: Any, out: list[dict[str, Any]]) -> None:
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
-    _require(isinstance(tools, list), "tools must be a list", "tools")
     out = []
-    for i, tool in enumerate(tools):
-        at = f"tools[{i}]"
-        _require(isinstance(tool, dict), f"{at} must be an object", at)
+    for at, tool in objects(tools, "tools", "a list"):
         if tool.get("type") != "function":
             raise TranslationError(f"{at}.type {tool.get('type')!r}: built-in tools are not available on this "
                                    "gateway (only function tools)", f"{at}.type")
-        _require(isinstance(tool.get("name"), str) and tool["name"], f"{at}.name must be a non-empty string",
-                 f"{at}.name")
-        fn: dict[str, Any] = {"name": tool["name"]}
-        params = tool.get("parameters")
-        if params is not None:
-            _require(isinstance(params, dict), f"{at}.parameters must be a JSON schema object", f"{at}.parameters")
-            fn["parameters"] = params
-        if isinstance(tool.get("description"), str):
-            fn["description"] = tool["description"]
+        fn = function_tool(tool, at, "parameters", required=False)
         if isinstance(tool.get("strict"), bool):
             fn["strict"] = tool["strict"]
         out.append({"type": "function", "function": fn})
@@ -171,19 +151,19 @@ def _tool_choice(choice: Any) -> Any:
 
 
 def _format(text: Any) -> dict[str, Any] | None:
-    _require(isinstance(text, dict), "text must be an object", "text")
+    require(isinstance(text, dict), "text must be an object", "text")
     fmt = text.get("format")
     if fmt is None:
         return None
-    _require(isinstance(fmt, dict), "text.format must be an object", "text.format")
+    require(isinstance(fmt, dict), "text.format must be an object", "text.format")
     kind = fmt.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        _require(isinstance(fmt.get("schema"), dict), "text.format.schema must be a JSON schema object",
-                 "text.format.schema")
+        require(isinstance(fmt.get("schema"), dict), "text.format.schema must be a JSON schema object",
+                "text.format.schema")
         spec: dict[str, Any] = {"name": fmt.get("name") if isinstance(fmt.get("name"), str) else "response",
                                 "schema": fmt["schema"]}
         if isinstance(fmt.get("strict"), bool):
@@ -198,37 +178,29 @@ def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     for key, why in UNSUPPORTED.items():
         if body.get(key):
             raise TranslationError(f"{key}: {why}", key)
-    model = body.get("model")
-    _require(isinstance(model, str) and model != "", "model: a string is required", "model")
-    _require("input" in body, "input: a string or a list of items is required", "input")
+    model = model_of(body)
+    require("input" in body, "input: a string or a list of items is required", "input")
     out: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
-        _require(isinstance(instructions, str), "instructions must be a string", "instructions")
+        require(isinstance(instructions, str), "instructions must be a string", "instructions")
         if instructions:
             out.append({"role": "system", "content": instructions})
     _messages(body["input"], out)
-    _require(any(m["role"] != "system" for m in out), "input: at least one item is required", "input")
+    require(any(m["role"] != "system" for m in out), "input: at least one item is required", "input")
     chat: dict[str, Any] = {"model": model, "messages": out}
     limit = body.get("max_output_tokens")
     if limit is not None:
-        _require(isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1,
-                 "max_output_tokens must be an integer of at least 1", "max_output_tokens")
+        require(is_int(limit) and limit >= 1,
+                "max_output_tokens must be an integer of at least 1", "max_output_tokens")
         chat["max_tokens"] = limit
-    for key in ("temperature", "top_p"):
-        v = body.get(key)
-        if v is not None:
-            _require(isinstance(v, (int, float)) and not isinstance(v, bool), f"{key} must be a number", key)
-            chat[key] = v
-    if body.get("tools") is not None:
-        tools = _tools(body["tools"])
-        if tools:
-            chat["tools"] = tools
+    copy_sampling(body, chat)
+    copy_tools(body, chat, _tools)
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     if body.get("parallel_tool_calls") is not None:
-        _require(isinstance(body["parallel_tool_calls"], bool), "parallel_tool_calls must be a boolean",
-                 "parallel_tool_calls")
+        require(isinstance(body["parallel_tool_calls"], bool), "parallel_tool_calls must be a boolean",
+                "parallel_tool_calls")
         chat["parallel_tool_calls"] = body["parallel_tool_calls"]
     if body.get("text") is not None:
         fmt = _format(body["text"])
@@ -237,20 +209,20 @@ def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     user = body.get("user") if isinstance(body.get("user"), str) else body.get("safety_identifier")
     if isinstance(user, str):
         chat["user"] = user
-    stream = body.get("stream")
-    _require(stream is None or isinstance(stream, bool), "stream must be a boolean", "stream")
-    if stream:
-        chat["stream"] = True
-        chat["stream_options"] = {"include_usage": True}
+    stream = stream_of(body, chat)
     ctx = {k: body[k] for k in ECHOED if body.get(k) is not None}
     ctx["model"] = model
-    ctx["stream"] = bool(stream)
+    ctx["stream"] = stream
     return chat, ctx
 
 
 def response_id(chat_id: Any, fallback: str) -> str:
-    base = chat_id if isinstance(chat_id, str) and chat_id else fallback
-    return "resp_" + base.removeprefix("chatcmpl-")
+    return reply_id("resp_", chat_id, fallback)
+
+
+def _created(chat: dict[str, Any]) -> int:
+    """The chat completion's `created` (now when it has none)."""
+    return chat.get("created") if isinstance(chat.get("created"), int) else int(time.time())
 
 
 def _usage(u: tuple[int, int, int] | None) -> dict[str, Any]:
@@ -294,44 +266,33 @@ def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: st
 def from_chat(chat: dict[str, Any], ctx: dict[str, Any], request_id: str = "") -> dict[str, Any]:
     """The Response for a chat completion (its first choice)."""
     rid = response_id(chat.get("id"), request_id)
-    choices = chat.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    choice, message = first_choice(chat)
     output: list[dict[str, Any]] = []
     text = message.get("content")
     suffix = rid.removeprefix("resp_")
     if isinstance(text, str) and text:
         output.append(_message_item(f"msg_{suffix}_0", text))
-    for i, call in enumerate(listed(message.get("tool_calls"))):
-        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-            continue
-        fn = call["function"]
+    for i, call, fn in function_calls(message):
         args = fn.get("arguments")
         output.append(_call_item(f"fc_{suffix}_{len(output)}", named(call.get("id"), f"call_{suffix}_{i}"),
                                  named(fn.get("name")), args if isinstance(args, str) else "{}"))
     status, incomplete = _status(choice.get("finish_reason"))
-    created = chat.get("created") if isinstance(chat.get("created"), int) else int(time.time())
-    return _response(rid, created, ctx, status, output, _usage(usage_of(chat)), incomplete)
+    return _response(rid, _created(chat), ctx, status, output, _usage(usage_of(chat)), incomplete)
 
 
-class ResponsesStream:
-    """Chat-completion chunks in, Responses stream events out, chunk by chunk."""
+class ResponsesStream(ChatStream):
+    """Chat-completion chunks in, Responses stream events out, chunk by chunk (the walk: `ChatStream`)."""
 
-    __slots__ = ("ctx", "request_id", "rid", "created", "seq", "items", "open", "tools", "finish", "usage",
-                 "ended")
+    __slots__ = ("rid", "suffix", "created", "seq", "items", "open")
 
     def __init__(self, ctx: dict[str, Any], request_id: str = ""):
-        self.ctx = ctx
-        self.request_id = request_id
+        super().__init__(ctx, request_id)
         self.rid = ""
+        self.suffix = ""  # the response id less its `resp_`: the item ids' middle part
         self.created = 0
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # output items so far (the open one last)
         self.open = False  # the last item is still in progress
-        self.tools: dict[int, int] = {}  # the chat tool call's index -> its output index
-        self.finish: Any = None
-        self.usage: tuple[int, int, int] | None = None
-        self.ended = False
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.seq, **fields}
@@ -340,7 +301,8 @@ class ResponsesStream:
 
     def _start(self, chunk: dict[str, Any]) -> list[bytes]:
         self.rid = response_id(chunk.get("id"), self.request_id)
-        self.created = chunk.get("created") if isinstance(chunk.get("created"), int) else int(time.time())
+        self.suffix = self.rid.removeprefix("resp_")
+        self.created = _created(chunk)
         snapshot = _response(self.rid, self.created, self.ctx, "in_progress", [], None)
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
@@ -378,50 +340,32 @@ class ResponsesStream:
                                                           "logprobs": []}))
         return out
 
-    def feed(self, chunk: dict[str, Any]) -> list[bytes]:
-        """The events for one chat chunk (possibly none)."""
-        out: list[bytes] = [] if self.rid else self._start(chunk)
-        u = usage_of(chunk)
-        if u is not None:
-            self.usage = u
-        suffix = self.rid.removeprefix("resp_")
-        for choice in listed(chunk.get("choices")):
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") if isinstance(choice.get("delta"), dict) else {}
-            text = delta.get("content")
-            if isinstance(text, str) and text:
-                last = self.items[-1] if self.items else None
-                if not (self.open and last is not None and last["type"] == "message"):
-                    out += self._add(_message_item(f"msg_{suffix}_{len(self.items)}", "", "in_progress"))
-                item = self.items[-1]
-                item["content"][0]["text"] += text
-                out.append(self._event("response.output_text.delta", item_id=item["id"],
-                                       output_index=len(self.items) - 1, content_index=0, delta=text, logprobs=[]))
-            for call in listed(delta.get("tool_calls")):
-                if not isinstance(call, dict):
-                    continue
-                i = call.get("index") if isinstance(call.get("index"), int) else 0
-                fn = call.get("function") if isinstance(call.get("function"), dict) else {}
-                if i not in self.tools:
-                    out += self._add(_call_item(f"fc_{suffix}_{len(self.items)}",
-                                                named(call.get("id"), f"call_{suffix}_{i}"), named(fn.get("name")), "",
-                                                "in_progress"))
-                    self.tools[i] = len(self.items) - 1
-                args = fn.get("arguments")
-                if isinstance(args, str) and args:
-                    index = self.tools[i]
-                    self.items[index]["arguments"] += args
-                    out.append(self._event("response.function_call_arguments.delta", item_id=self.items[index]["id"],
-                                           output_index=index, delta=args))
-            if choice.get("finish_reason") is not None:
-                self.finish = choice["finish_reason"]
-                out += self._close()
+    def _text(self, text: str) -> list[bytes]:
+        last = self.items[-1] if self.items else None
+        out: list[bytes] = []
+        if not (self.open and last is not None and last["type"] == "message"):
+            out = self._add(_message_item(f"msg_{self.suffix}_{len(self.items)}", "", "in_progress"))
+        item = self.items[-1]
+        item["content"][0]["text"] += text
+        out.append(self._event("response.output_text.delta", item_id=item["id"], output_index=len(self.items) - 1,
+                               content_index=0, delta=text, logprobs=[]))
         return out
+
+    def _tool_open(self, i: int, call: dict[str, Any], fn: dict[str, Any]) -> list[bytes]:
+        call_id = named(call.get("id"), f"call_{self.suffix}_{i}")
+        out = self._add(_call_item(f"fc_{self.suffix}_{len(self.items)}", call_id, named(fn.get("name")), "",
+                                   "in_progress"))
+        self.tools[i] = len(self.items) - 1
+        return out
+
+    def _tool_args(self, index: int, args: str) -> list[bytes]:
+        self.items[index]["arguments"] += args
+        return [self._event("response.function_call_arguments.delta", item_id=self.items[index]["id"],
+                            output_index=index, delta=args)]
 
     def done(self) -> list[bytes]:
         """The closing events, at the chat stream's `[DONE]`."""
-        out = [] if self.rid else self._start({})
+        out = self._begin({})
         out += self._close()
         status, incomplete = _status(self.finish)
         self.ended = True
@@ -430,7 +374,7 @@ class ResponsesStream:
 
     def error(self, status: int, message: str) -> list[bytes]:
         """`response.failed` with the error (what the API sends when generation fails mid-way)."""
-        out = [] if self.rid else self._start({})
+        out = self._begin({})
         self.ended = True
         for item in self.items:
             item["status"] = "incomplete" if item["status"] == "in_progress" else item["status"]
