@@ -4,7 +4,13 @@ What: `run_worker(settings)` loads the config, binds the port (failing loudly if
 serves `ExternalProcessor` and `grpc.health.v1.Health`, then prints `ready` on stdout for the
 supervisor. Under the supervisor the config is a bundle (`--bundle-root`, extproc/config/bundle.py):
 at start and on SIGHUP the worker loads the bundle `<root>/current` names and swaps it in; it never
-reads the original file. Each event is one line on stdout, which the supervisor parses:
+reads the original file. At start it also loads the bundles published before the current one
+(`previous_bundles`, as many as `ConfigRef` keeps): a worker restarted while a reload is under way
+comes up on the new generation while Envoy still routes with the previous digest until the
+supervisor sends it the new routes, and a worker that never restarted still holds those snapshots
+(without them the restarted worker refused Envoy's streams with `config_mismatch`, issue 12; a
+previous bundle that does not load is skipped with a warning). Each event is one line on stdout,
+which the supervisor parses:
 `ready ADDR:PORT generation=G digest=D`, `loaded generation=G digest=D` (also when SIGHUP finds
 the bundle already loaded), `refused generation=G: REASON` (the last good snapshot stays). Run by
 hand with `--config FILE`, SIGHUP re-reads the file instead (generation + 1).
@@ -30,13 +36,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 from prometheus_client import CollectorRegistry
 
-from extproc.config.bundle import bundle_generation, current_bundle, load_bundle, read_manifest
+from extproc.config.bundle import bundle_generation, current_bundle, load_bundle, previous_bundles, read_manifest
 from extproc.config.loader import ConfigError, load_file
 from extproc.metrics import ProcessorMetrics
 from extproc.feedback import AccessLogFeedback
 from extproc.feedback import add_to_server as add_feedback_service
 from extproc.runtime import Runtime
-from extproc.stream import ConfigRef, ExtProcService
+from extproc.stream import KEEP_SNAPSHOTS, ConfigRef, ExtProcService
 
 log = logging.getLogger("extproc.worker")
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -115,7 +121,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event, ready: asyncio.Ev
     announce = announce or (lambda line: None)
     overrides = dict(settings.endpoints) or None
     snapshot = _initial_snapshot(settings, overrides, announce)
-    config = ConfigRef(snapshot)
+    config = ConfigRef(snapshot, _previous_snapshots(settings, snapshot))
     metrics = ProcessorMetrics(CollectorRegistry(auto_describe=True))
     metrics.config_generation.set(snapshot.generation)
     # Bodies are buffered up to a route's limit; leave room for protobuf framing.
@@ -215,6 +221,30 @@ def _initial_snapshot(settings: WorkerSettings, overrides: dict | None, announce
     except ConfigError as e:
         announce(f"refused generation={_generation_of(path)}: {_one_line(e)}")
         raise
+
+
+def _previous_snapshots(settings: WorkerSettings, current: Any) -> list[Any]:
+    """The snapshots of the bundles published before `current`, newest first (bundle root only):
+    Envoy may still send their digests. About 20 ms each for the reliability test's config."""
+    if not settings.bundle_root:
+        return []
+    out: list[Any] = []
+    seen = {current.digest}
+    for path in previous_bundles(settings.bundle_root, KEEP_SNAPSHOTS - 1):
+        try:
+            if read_manifest(path)["digest"] in seen:
+                continue
+            snap = load_bundle(path)
+        except Exception as e:  # noqa: BLE001 - pruned meanwhile, or not loadable here: not needed to serve
+            log.warning("previous config bundle %s not loaded (streams from Envoy routes of its digest would be "
+                        "refused): %s", path, _one_line(e))
+            continue
+        seen.add(snap.digest)
+        out.append(snap)
+    if out:
+        log.info("also holding the previous generation(s) %s (digests %s)", ", ".join(str(s.generation) for s in out),
+                 ", ".join(s.digest for s in out))
+    return out
 
 
 def _reloader(settings: WorkerSettings, overrides: dict | None, config: ConfigRef, metrics: ProcessorMetrics,

@@ -5,7 +5,8 @@ handler. The route is named by the stream's gRPC initial metadata (`x-adapter-ro
 route in the generated Envoy config), so the processor never re-matches paths; the digest of the
 config Envoy's route came from (`x-adapter-config-digest`) selects the snapshot: the current one,
 or a recent one still held by `ConfigRef` (during a reload Envoy may briefly send the previous
-digest), else the stream is refused with 503 `config_mismatch` naming both digests (counted in
+digest; a worker restarted meanwhile loads the previous bundles too, `extproc/server.py`), else
+the stream is refused with 503 `config_mismatch` naming both digests (counted in
 `adapter_processor_config_mismatch_total`), never served with a route of another config. The
 snapshot is captured once when the stream opens. The request lifecycle (`extproc/lifecycle.py`)
 is started here and told when the stream ends; its first reply carries the lifecycle's dynamic
@@ -64,9 +65,17 @@ class ConfigRef:
 
     __slots__ = ("current", "_recent", "listeners")
 
-    def __init__(self, snapshot: Any):
+    def __init__(self, snapshot: Any, older: tuple[Any, ...] | list[Any] = ()):
+        """`older`: snapshots published before `snapshot`, newest first (a restarted worker's
+        previous bundles): kept like those a worker that never restarted still holds, at most
+        KEEP_SNAPSHOTS in all, so Envoy's routes of a recent digest find theirs."""
         self.current = snapshot
-        self._recent: OrderedDict[str, Any] = OrderedDict({snapshot.digest: snapshot})
+        self._recent: OrderedDict[str, Any] = OrderedDict()
+        for old in reversed(list(older)[:KEEP_SNAPSHOTS - 1]):
+            if old.digest != snapshot.digest:
+                self._recent[old.digest] = old
+        self._recent[snapshot.digest] = snapshot
+        self._recent.move_to_end(snapshot.digest)
         self.listeners: list[Any] = []  # called with the new snapshot before it becomes current
 
     def swap(self, snapshot: Any) -> None:

@@ -11,7 +11,9 @@ directory `<root>/<generation>-<digest>/`:
 compiles it with `load_bundle` (the same code the workers run), and only then points
 `<root>/current` at it by renaming a new symlink over the old one; the last `KEEP` bundles stay.
 `load_bundle(dir)` compiles a bundle from its own copies with the manifest's generation, digest
-and endpoint overrides; `current_bundle(root)` resolves the link once.
+and endpoint overrides; `current_bundle(root)` resolves the link once; `previous_bundles(root, n)`
+names the n published before it, newest first (a restarted worker loads them too: Envoy may still
+route with their digests while a reload is under way, issue 12).
 Why: a worker (re)started at any time serves the last accepted generation, never a file that was
 edited since; every worker computes the same digest from the same bytes (`loader.config_digest`).
 Limits: an OpenAPI document's relative `$ref`s to *other* files are not copied; they are read from
@@ -194,6 +196,40 @@ def bundle_generation(path: str | Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _published(root: Path) -> list[Path]:
+    """The bundle directories under `root`, most recently published first (a concurrent prune may
+    remove one while this looks: it is left out)."""
+    found = []
+    for p in root.iterdir():
+        m = _BUNDLE_NAME.match(p.name)
+        if not m:
+            continue
+        try:
+            if p.is_dir():
+                found.append(((p.stat().st_mtime, int(m.group(1))), p))
+        except OSError:
+            continue
+    return [p for _key, p in sorted(found, key=lambda kp: kp[0], reverse=True)]
+
+
+def previous_bundles(root: str | Path, n: int) -> list[Path]:
+    """Up to `n` bundles published before the current one, newest first (not the current one).
+    A worker that (re)starts loads them besides the current one, so it knows the digests of the
+    routes Envoy may still have: a worker that never restarted still holds those snapshots."""
+    root = Path(root)
+    if n <= 0:
+        return []
+    try:
+        current = current_bundle(root).name
+    except BundleError:
+        current = None
+    try:
+        bundles = _published(root)
+    except OSError:
+        return []
+    return [p for p in bundles if p.name != current][:n]
+
+
 def prune(root: str | Path, keep: int = KEEP) -> list[Path]:
     """Remove all but the `keep` most recently published bundles (never the current one) and
     staging directories left by a crash; returns what was removed."""
@@ -202,8 +238,7 @@ def prune(root: str | Path, keep: int = KEEP) -> list[Path]:
         current = current_bundle(root).name
     except BundleError:
         current = None
-    bundles = sorted((p for p in root.iterdir() if _BUNDLE_NAME.match(p.name) and p.is_dir()),
-                     key=lambda p: (p.stat().st_mtime, int(_BUNDLE_NAME.match(p.name).group(1))), reverse=True)
+    bundles = _published(root)
     removed = [p for p in bundles[keep:] if p.name != current]
     stale = time.time() - 600
     removed += [p for p in root.glob(".new-*") if p.stat().st_mtime < stale]
@@ -234,4 +269,4 @@ def _endpoints_json(endpoints: Mapping[str, tuple[tuple[str, int], ...]] | None)
 
 
 __all__ = ["Bundle", "BundleError", "CURRENT", "KEEP", "bundle_generation", "current_bundle", "load_bundle",
-           "prune", "publish", "read_manifest"]
+           "previous_bundles", "prune", "publish", "read_manifest"]
