@@ -43,24 +43,20 @@ import httpx
 import orjson
 
 from extproc.errors import reject
-from extproc.request import InferenceRequest
 from extproc.semantic.bpmn import BpmnError, advance, enabled, normalize
 from extproc.semantic.toolcall import ToolCallError, build_request, check_arguments, parse_tool_call, tool_result
 from extproc.semantic.tools import openai_tools
-from extproc.stages.body_limit import check_length
-from extproc.stages.dispatch import backend_of
-from extproc.template import MissingPathError
-from extproc.types import HttpMessage, Mutate, RequestState, Verdict
+from extproc.stages.adapter_steps import (ERROR_LOG_LIMIT, ask_model, client_json, model_answer, model_answered,
+                                          render_result, worker_cache)
+from extproc.types import HttpMessage, Mutate, Reject, RequestState, Verdict
 
 CACHE = "erp"
-ERROR_LOG_LIMIT = 2048  # bytes of a service's or backend's error body written to the log
-CHAT_PATH = "/v1/chat/completions"
 log = logging.getLogger(__name__)
 
 
 def client(state: RequestState, own: dict) -> httpx.AsyncClient:
     """The worker's ERP client (`Runtime.cache("erp")`), one per event loop; without a runtime the stage's own."""
-    cache = state.runtime.cache(CACHE) if state.runtime is not None else own
+    cache = worker_cache(state, CACHE, own)
     loop = asyncio.get_running_loop()
     held = cache.get("client")
     if held is None or held[0] is not loop:
@@ -74,6 +70,12 @@ def _state_fields(erp, position, waiting, enabled_tasks) -> dict:
             "enabled": [erp.tool_name(t) for t in enabled_tasks]}
 
 
+def _message_and_calls(resp: dict) -> tuple[dict, list]:
+    """The model's message and its tool calls (none: `[]`)."""
+    message = resp["choices"][0]["message"]
+    return message, message.get("tool_calls") or []
+
+
 class ErpAction:
     name = "erp-action"
 
@@ -83,13 +85,9 @@ class ErpAction:
     async def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         route = state.route
         erp = route.erp
-        too_large = check_length(state, len(msg.body))
-        if too_large is not None:
-            return too_large
-        try:
-            doc = orjson.loads(msg.body)
-        except orjson.JSONDecodeError as e:
-            return reject(400, "malformed_json", f"request body is not valid JSON: {e}")
+        doc = client_json(state, msg)
+        if isinstance(doc, Reject):
+            return doc
         instance = doc.get(erp.instance_field) if isinstance(doc, dict) else None
         if not isinstance(instance, str) or not erp.instance_re.match(instance):
             return reject(400, "missing_instance", f"the body needs `{erp.instance_field}`: the process instance's "
@@ -138,44 +136,20 @@ class ErpAction:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": message or "Next step?"}]
         chat = {"model": route.model, "messages": messages, "tools": tools, "tool_choice": "required",
                 "temperature": 0, "max_tokens": erp.max_tokens}
-        body = orjson.dumps(chat)
-        state.input_doc = doc
         state.attrs["erp"] = (instance, position, version, now)
-        state.request = InferenceRequest(api="openai", model=route.model, messages=tuple(messages),
-                                         max_tokens=erp.max_tokens, tenant=state.tenant, body=chat)
-        state.backend_request = body
-        return Mutate(set_headers=((":path", CHAT_PATH), ("content-type", "application/json"),
-                                   ("content-length", str(len(body)))), body=body)
+        return ask_model(state, doc, chat)
 
     def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
-        status = state.response_status or 0
-        from_upstream = (state.response_details == "via_upstream" if state.response_details is not None
-                         else bool(state.served))
-        if "erp" not in state.attrs or (status >= 300 and not from_upstream):
-            return Mutate(skip_body=True)  # answered before the model was asked, or Envoy's own error: as it is
-        return None
+        return model_answered(state, "erp" in state.attrs)
 
     async def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         route = state.route
         erp = route.erp
         instance, position, version, now = state.attrs["erp"]
-        backend = backend_of(state)
-        status = state.response_status or 200
-        if status >= 300:
-            log.warning("route %s: backend %s (%s) answered HTTP %d to request %s; its body, not returned to the "
-                        "client: %r", route.name, backend.name, state.served, status, state.request_id,
-                        msg.body[:ERROR_LOG_LIMIT])
-            return reject(status if 400 <= status < 500 else 502, "backend_error",
-                          f"backend {backend.name} answered HTTP {status}; the gateway logged its answer under "
-                          f"request id {state.request_id}", backend=backend.name)
-        try:
-            resp = orjson.loads(msg.body)
-            message = resp["choices"][0]["message"]
-            calls = message.get("tool_calls") or []
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-            return reject(502, "backend_bad_response", f"backend {backend.name} answered with no choices[0].message",
-                          backend=backend.name)
-        state.usage = backend.adapter.usage(resp)
+        answer = model_answer(state, msg, log, "choices[0].message", _message_and_calls)
+        if isinstance(answer, Reject):
+            return answer
+        message, calls = answer
         fields = _state_fields(erp, position, now.waiting, now.tasks)
         if not calls:
             text = message.get("content") if isinstance(message.get("content"), str) else ""
@@ -244,15 +218,9 @@ class ErpAction:
         nxt = enabled(erp.process, after)
         out = {"instance": instance, "action": call.name, "task": task, "arguments": args, "result": outcome,
                "position": list(after), "enabled": [erp.tool_name(t) for t in nxt.tasks], "ended": not after}
-        if route.transform is None:
-            body = orjson.dumps(out)
-        else:
-            out["input"] = state.input_doc
-            try:
-                body = route.transform.render_json(out)
-            except MissingPathError as e:
-                return reject(502, "transform_path_missing", f"response transform: {e.path} not found in the result",
-                              path=e.path)
+        body = render_result(state, out)
+        if isinstance(body, Reject):
+            return body
         return Mutate(set_headers=((":status", "200"), ("content-type", "application/json"),
                                    ("x-adapter-erp-action", call.name)),
                       remove_headers=("content-length",), body=body)

@@ -30,30 +30,32 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import orjson
-
 from extproc.errors import reject
-from extproc.request import InferenceRequest
 from extproc.semantic.sql import (Connections, SqlFailed, SqlRefused, check_sql, extract_sql, result_document)
-from extproc.stages.body_limit import check_length
-from extproc.stages.dispatch import backend_of
-from extproc.template import MissingPathError
-from extproc.types import HttpMessage, Mutate, RequestState, Verdict
+from extproc.stages.adapter_steps import (ERROR_LOG_LIMIT, ask_model, client_json, model_answer, model_answered,
+                                          render_result, worker_cache)
+from extproc.types import HttpMessage, Mutate, Reject, RequestState, Verdict
 
 CACHE = "sql"
-ERROR_LOG_LIMIT = 2048  # bytes of a backend's error body written to the log
-CHAT_PATH = "/v1/chat/completions"
 MAX_RESULT_BYTES = 1024 * 1024  # the encoded rows, at most (a query can build huge values within its timeout)
 log = logging.getLogger(__name__)
 
 
 def connections(state: RequestState, own: dict) -> Connections:
     """The worker's connections (`Runtime.cache("sql")`); a stage used without a runtime keeps its own."""
-    cache = state.runtime.cache(CACHE) if state.runtime is not None else own
+    cache = worker_cache(state, CACHE, own)
     conns = cache.get("connections")
     if conns is None:
         conns = cache["connections"] = Connections()
     return conns
+
+
+def _content_text(resp: dict) -> str:
+    """The model's answer text (`choices[0].message.content`); TypeError when it is no string."""
+    answer = resp["choices"][0]["message"]["content"]
+    if not isinstance(answer, str):
+        raise TypeError
+    return answer
 
 
 class SqlQuery:
@@ -65,56 +67,26 @@ class SqlQuery:
     def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         route = state.route
         cfg = route.sql
-        too_large = check_length(state, len(msg.body))
-        if too_large is not None:
-            return too_large
-        try:
-            doc = orjson.loads(msg.body)
-        except orjson.JSONDecodeError as e:
-            return reject(400, "malformed_json", f"request body is not valid JSON: {e}")
+        doc = client_json(state, msg)
+        if isinstance(doc, Reject):
+            return doc
         question = doc.get(cfg.question_field) if isinstance(doc, dict) else None
         if not isinstance(question, str) or not question.strip():
             return reject(400, "missing_question", f"the body needs `{cfg.question_field}`: the question, as a string",
                           path=f"/{cfg.question_field}")
         messages = cfg.user_prompt(question)
         chat = {"model": route.model, "messages": messages, "temperature": 0, "max_tokens": cfg.max_tokens}
-        body = orjson.dumps(chat)
-        state.input_doc = doc
-        state.request = InferenceRequest(api="openai", model=route.model, messages=tuple(messages),
-                                         max_tokens=cfg.max_tokens, tenant=state.tenant, body=chat)
-        state.backend_request = body
-        return Mutate(set_headers=((":path", CHAT_PATH), ("content-type", "application/json"),
-                                   ("content-length", str(len(body)))), body=body)
+        return ask_model(state, doc, chat)
 
     def on_response_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
-        status = state.response_status or 0
-        from_upstream = (state.response_details == "via_upstream" if state.response_details is not None
-                         else bool(state.served))
-        if state.backend_request is None or (status >= 300 and not from_upstream):
-            return Mutate(skip_body=True)  # answered before the model was asked, or Envoy's own error: as it is
-        return None
+        return model_answered(state, state.backend_request is not None)
 
     async def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         route = state.route
         cfg = route.sql
-        backend = backend_of(state)
-        status = state.response_status or 200
-        if status >= 300:
-            log.warning("route %s: backend %s (%s) answered HTTP %d to request %s; its body, not returned to the "
-                        "client: %r", route.name, backend.name, state.served, status, state.request_id,
-                        msg.body[:ERROR_LOG_LIMIT])
-            return reject(status if 400 <= status < 500 else 502, "backend_error",
-                          f"backend {backend.name} answered HTTP {status}; the gateway logged its answer under "
-                          f"request id {state.request_id}", backend=backend.name)
-        try:
-            resp = orjson.loads(msg.body)
-            answer = resp["choices"][0]["message"]["content"]
-            if not isinstance(answer, str):
-                raise TypeError
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-            return reject(502, "backend_bad_response",
-                          f"backend {backend.name} answered with no choices[0].message.content text", backend=backend.name)
-        state.usage = backend.adapter.usage(resp)
+        answer = model_answer(state, msg, log, "choices[0].message.content text", _content_text)
+        if isinstance(answer, Reject):
+            return answer
         sql = extract_sql(answer)
         try:
             checked = check_sql(sql, cfg)
@@ -131,16 +103,9 @@ class SqlQuery:
             if e.reason == "timeout":
                 return reject(504, "sql_timeout", str(e), reason="timeout", sql=checked.sql)
             return reject(502, "sql_error", str(e), reason=e.reason, sql=checked.sql)
-        out = result_document(checked, result)
-        if route.transform is None:
-            body = orjson.dumps(out)
-        else:
-            out["input"] = state.input_doc
-            try:
-                body = route.transform.render_json(out)
-            except MissingPathError as e:
-                return reject(502, "transform_path_missing", f"response transform: {e.path} not found in the result",
-                              path=e.path)
+        body = render_result(state, result_document(checked, result))
+        if isinstance(body, Reject):
+            return body
         if len(body) > MAX_RESULT_BYTES:
             log.warning("route %s: the result of request %s is %d bytes, over %d (result_too_large); SQL: %r", route.name,
                         state.request_id, len(body), MAX_RESULT_BYTES, checked.sql[:ERROR_LOG_LIMIT])

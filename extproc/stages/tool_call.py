@@ -29,8 +29,8 @@ from extproc.request import InferenceRequest
 from extproc.semantic.toolcall import (ToolCallError, anthropic_tool_result, build_request, check_arguments,
                                        mcp_call_result, openai_tool_message, parse_tool_call, resolve_tool,
                                        tool_result)
-from extproc.stages.body_limit import check_length
-from extproc.types import CONTINUE, HttpMessage, Mutate, RequestState, Verdict
+from extproc.stages.adapter_steps import client_json
+from extproc.types import CONTINUE, HttpMessage, Mutate, Reject, RequestState, Verdict
 
 ERROR_LOG_LIMIT = 2048  # bytes of a service's 5xx body written to the log
 log = logging.getLogger(__name__)
@@ -41,13 +41,9 @@ class ToolCall:
 
     def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
         route = state.route
-        too_large = check_length(state, len(msg.body))
-        if too_large is not None:
-            return too_large
-        try:
-            doc = orjson.loads(msg.body)
-        except orjson.JSONDecodeError as e:
-            return reject(400, "malformed_json", f"request body is not valid JSON: {e}")
+        doc = client_json(state, msg)
+        if isinstance(doc, Reject):
+            return doc
         try:
             call = parse_tool_call(doc)
             tool = resolve_tool(route.tools, call.name)
