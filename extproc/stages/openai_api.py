@@ -34,11 +34,11 @@ import time
 import orjson
 
 from extproc.errors import reject
-from backends.dialects import client_schema, translate
 from extproc.genai import ESTIMATED_EVENTS_ATTR, estimate_output_tokens
-from extproc.negotiate import DIALECT_ATTR, dialect_of, dialects_known, negotiates_kind, refuse_structured
+from extproc.negotiate import dialects_known
 from extproc.stages.decode_response import ERROR_LOG_LIMIT, _from_upstream
 from extproc.request import parse_json_body, parse_openai
+from extproc.stages.backend_dialect import in_dialect
 from extproc.stages.body_limit import check_length
 from extproc.stages.dispatch import backend_of
 from extproc.types import CONTINUE, HttpMessage, Mutate, Outcome, Phase, Reject, RequestState, Respond, Verdict
@@ -95,6 +95,15 @@ class OpenAIParse:
 SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
 
 
+def _drop_our_stream_options(state: RequestState, body: dict) -> bool:
+    """`stream_options` removed when openai-parse added `include_usage` to them (`strip_usage`); else kept."""
+    if not state.attrs.get("strip_usage"):
+        return False
+    body.pop("stream_options", None)
+    state.attrs.pop("strip_usage")
+    return True
+
+
 class OpenAIUsage:
     name = "openai-usage"
     streams = (Phase.RESPONSE_BODY,)
@@ -108,23 +117,9 @@ class OpenAIUsage:
         `response_format: json_schema` as that server takes structured output (or the schema in a
         system message, `prompt`; a route with `structuredFallback: refuse` answers 501), `priority`
         removed where it makes the server fail, our `stream_options` where the server refuses them."""
-        backend = backend_of(state)
-        req = state.request
-        if req is None or req.body is None or not negotiates_kind(backend):
-            return None
-        dialect = state.attrs[DIALECT_ATTR] = dialect_of(state, backend)
-        body = req.body
-        if dialect.structured == "prompt" and client_schema(body) is not None \
-                and state.route.structured_fallback == "refuse":
-            return refuse_structured(state, backend)
-        changed = translate(body, dialect)
-        if dialect.stream_usage == "refused" and state.attrs.get("strip_usage"):
-            body.pop("stream_options", None)
-            state.attrs.pop("strip_usage")
-            changed = True
-        if not changed:
-            return None
-        data = orjson.dumps(body)
+        data = in_dialect(state, _drop_our_stream_options)
+        if not isinstance(data, bytes):
+            return data
         return Mutate(set_headers=(("content-length", str(len(data))),), body=data)
 
     def on_response_body(self, state: RequestState, msg: HttpMessage) -> Verdict:
