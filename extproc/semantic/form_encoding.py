@@ -66,6 +66,7 @@ __all__ = [
     "encode_urlencoded",
     "form_media_type",
     "prepare_form",
+    "scalar_text",
 ]
 
 URLENCODED = "application/x-www-form-urlencoded"
@@ -224,7 +225,9 @@ def prepare_form(media_type: str, schema: dict, encoding: Any) -> tuple[dict, Fo
 # --------------------------------------------------------------------------
 
 
-def _scalar(v: Any) -> str:
+def scalar_text(v: Any) -> str:
+    """A primitive as URL/header/form text: JSON spelling for booleans and null, numbers as written
+    (also toolcall's for path, query and header values)."""
     if v is True:
         return "true"
     if v is False:
@@ -235,7 +238,7 @@ def _scalar(v: Any) -> str:
         return repr(v)
     if isinstance(v, str):
         return v
-    return orjson.dumps(v).decode()
+    return orjson.dumps(v).decode()  # nested containers: JSON text
 
 
 def _q(text: str, path: tuple, safe: str = "") -> str:
@@ -256,7 +259,7 @@ def _deep_pairs(prefix: str, v: Any, path: tuple, safe: str) -> list[str]:
         for i, x in enumerate(v):
             out.extend(_deep_pairs(f"{prefix}[{i}]", x, (*path, i), safe))
         return out
-    return [f"{_q(prefix, path)}={_q(_scalar(v), path, safe)}"]
+    return [f"{_q(prefix, path)}={_q(scalar_text(v), path, safe)}"]
 
 
 def _urlencoded_pairs(name: str, v: Any, enc: PartEncoding, path: tuple) -> list[str]:
@@ -267,15 +270,15 @@ def _urlencoded_pairs(name: str, v: Any, enc: PartEncoding, path: tuple) -> list
         if enc.style == "deepObject":
             return _deep_pairs(name, v, path, safe)
         if enc.style == "form" and enc.explode:
-            return [f"{key}={_q(_scalar(x), (*path, i), safe)}" for i, x in enumerate(v)]
-        return [f"{key}={_q(sep.join(_scalar(x) for x in v), path, safe)}"]
+            return [f"{key}={_q(scalar_text(x), (*path, i), safe)}" for i, x in enumerate(v)]
+        return [f"{key}={_q(sep.join(scalar_text(x) for x in v), path, safe)}"]
     if isinstance(v, dict):
         if enc.style == "deepObject":
             return _deep_pairs(name, v, path, safe)
         if enc.style == "form" and enc.explode:
-            return [f"{_q(str(k), (*path, k))}={_q(_scalar(x), (*path, k), safe)}" for k, x in v.items()]
-        return [f"{key}={_q(sep.join(f'{k}{sep}{_scalar(x)}' for k, x in v.items()), path, safe)}"]
-    return [f"{key}={_q(_scalar(v), path, safe)}"]
+            return [f"{_q(str(k), (*path, k))}={_q(scalar_text(x), (*path, k), safe)}" for k, x in v.items()]
+        return [f"{key}={_q(sep.join(f'{k}{sep}{scalar_text(x)}' for k, x in v.items()), path, safe)}"]
+    return [f"{key}={_q(scalar_text(v), path, safe)}"]
 
 
 def encode_urlencoded(doc: Mapping[str, Any], form: FormEncoding, path: tuple = ()) -> bytes:
@@ -326,7 +329,7 @@ def _part(name: str, v: Any, enc: PartEncoding, path: tuple, item_binary: bool) 
         if _is_json_type(content_type):
             content = orjson.dumps(v)
         else:
-            content = _utf8(_scalar(v), path)
+            content = _utf8(scalar_text(v), path)
     headers = f"Content-Disposition: {disposition}\r\nContent-Type: {content_type}\r\n"
     return _utf8(headers, path), content
 
@@ -350,7 +353,7 @@ def encode_multipart(doc: Mapping[str, Any], form: FormEncoding, *, boundary: st
                 parts.append(_part(name, x, enc if enc.binary else PartEncoding(content_type=enc.content_type),
                                    (*p, i), enc.binary))
         elif isinstance(v, list):  # explode: false declared: one part, items joined by ","
-            parts.append(_part(name, ",".join(_scalar(x) for x in v), enc, p, False))
+            parts.append(_part(name, ",".join(scalar_text(x) for x in v), enc, p, False))
         else:
             parts.append(_part(name, v, enc, p, enc.binary))
     for _ in range(8):

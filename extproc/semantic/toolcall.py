@@ -47,7 +47,7 @@ import orjson
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import ValidationError
 
-from extproc.semantic.form_encoding import FormEncodingError, encode_form
+from extproc.semantic.form_encoding import FormEncodingError, encode_form, scalar_text
 from extproc.semantic.openapi import escape_token
 from extproc.semantic.tools import ParamBinding, Tool, ToolSet
 
@@ -394,21 +394,6 @@ def check_arguments(tool: Tool, args: Any) -> dict:
 # --------------------------------------------------------------------------
 
 
-def _scalar(v: Any) -> str:
-    """A primitive as URL/header text: JSON spelling for booleans and null, numbers as written."""
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if v is None:
-        return ""
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return v
-    return orjson.dumps(v).decode()  # nested containers: JSON text
-
-
 def _enc(text: str, safe: str = "") -> str:
     return quote(text, safe=safe, encoding="utf-8", errors="strict")
 
@@ -418,7 +403,7 @@ def _path_value(b: ParamBinding, v: Any) -> str:
     if b.json:
         return _enc(orjson.dumps(v).decode())
     if isinstance(v, list):
-        items = [_enc(_scalar(x)) for x in v]
+        items = [_enc(scalar_text(x)) for x in v]
         if b.style == "label":
             return "." + ("." if b.explode else ",").join(items)
         if b.style == "matrix":
@@ -427,7 +412,7 @@ def _path_value(b: ParamBinding, v: Any) -> str:
             return f";{_enc(b.name)}=" + ",".join(items)
         return ",".join(items)
     if isinstance(v, dict):
-        pairs = [(_enc(str(k)), _enc(_scalar(x))) for k, x in v.items()]
+        pairs = [(_enc(str(k)), _enc(scalar_text(x))) for k, x in v.items()]
         if b.explode:
             body = [f"{k}={x}" for k, x in pairs]
         else:
@@ -439,7 +424,7 @@ def _path_value(b: ParamBinding, v: Any) -> str:
                 return "".join(f";{p}" for p in body)
             return f";{_enc(b.name)}=" + ",".join(body)
         return ",".join(body)
-    text = _enc(_scalar(v))
+    text = _enc(scalar_text(v))
     if b.style == "label":
         return "." + text
     if b.style == "matrix":
@@ -453,31 +438,31 @@ def _query_pairs(b: ParamBinding, v: Any) -> list[str]:
     if b.json:
         return [f"{name}={_enc(orjson.dumps(v).decode(), safe)}"]
     if isinstance(v, list):
-        items = [_enc(_scalar(x), safe) for x in v]
+        items = [_enc(scalar_text(x), safe) for x in v]
         if b.style == "form" and b.explode:
             return [f"{name}={x}" for x in items]
         sep = {"spaceDelimited": "%20", "pipeDelimited": "|"}.get(b.style, ",")
         return [f"{name}={sep.join(items)}"]
     if isinstance(v, dict):
         if b.style == "deepObject":
-            return [f"{name}%5B{_enc(str(k))}%5D={_enc(_scalar(x), safe)}" for k, x in v.items()]
+            return [f"{name}%5B{_enc(str(k))}%5D={_enc(scalar_text(x), safe)}" for k, x in v.items()]
         if b.explode:
-            return [f"{_enc(str(k))}={_enc(_scalar(x), safe)}" for k, x in v.items()]
+            return [f"{_enc(str(k))}={_enc(scalar_text(x), safe)}" for k, x in v.items()]
         sep = {"spaceDelimited": "%20", "pipeDelimited": "|"}.get(b.style, ",")
-        return [f"{name}=" + sep.join(f"{_enc(str(k), safe)}{sep}{_enc(_scalar(x), safe)}" for k, x in v.items())]
-    return [f"{name}={_enc(_scalar(v), safe)}"]
+        return [f"{name}=" + sep.join(f"{_enc(str(k), safe)}{sep}{_enc(scalar_text(x), safe)}" for k, x in v.items())]
+    return [f"{name}={_enc(scalar_text(v), safe)}"]
 
 
 def _header_value(b: ParamBinding, v: Any) -> str:
     if b.json:
         return orjson.dumps(v).decode()
     if isinstance(v, list):
-        return ",".join(_scalar(x) for x in v)
+        return ",".join(scalar_text(x) for x in v)
     if isinstance(v, dict):
         if b.explode:
-            return ",".join(f"{k}={_scalar(x)}" for k, x in v.items())
-        return ",".join(f"{k},{_scalar(x)}" for k, x in v.items())
-    return _scalar(v)
+            return ",".join(f"{k}={scalar_text(x)}" for k, x in v.items())
+        return ",".join(f"{k},{scalar_text(x)}" for k, x in v.items())
+    return scalar_text(v)
 
 
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~"  # RFC 3986 pchar and "/", plus "%" (values are already encoded)
