@@ -40,26 +40,22 @@ from extproc.config.loader import load_text  # noqa: E402
 from extproc.iot.client import MqttClients  # noqa: E402
 from extproc.stages.mqtt_command import MqttCommand, command_document, render_command  # noqa: E402
 from extproc.types import HttpMessage, Phase, RequestState, Respond  # noqa: E402
+from tests.e2e.iot_gateway import iot_gateway  # noqa: E402
 from tests.e2e.mosquitto import Mosquitto  # noqa: E402
 
-CONFIG = """
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {{name: bench-iot}}
-spec:
-  brokers: [{{name: plant, address: "127.0.0.1:{port}"}}]
-  routes:
-    - path: /v1/devices/command
-      kind: iot
-      iot:
-        timeout: 500ms
-        commands:
+COMMANDS = """\
           set-temperature:
-            topic: "bench/{{$.device}}/set"
-            payload: '{{"id": $.correlationId, "setpoint": {{"value": $.params.celsius, "unit": "C"}}, "by": $.tenant ?? "anonymous"}}'
-            replyTopic: "bench/{{$.device}}/reply"
-            params: {{type: object, required: [celsius], properties: {{celsius: {{type: number, minimum: -40, maximum: 90}}}}}}
+            topic: "bench/{$.device}/set"
+            payload: '{"id": $.correlationId, "setpoint": {"value": $.params.celsius, "unit": "C"}, "by": $.tenant ?? "anonymous"}'
+            replyTopic: "bench/{$.device}/reply"
+            params: {type: object, required: [celsius], properties: {celsius: {type: number, minimum: -40, maximum: 90}}}
 """
+
+
+def config(port: int) -> str:
+    return iot_gateway("bench-iot", f"127.0.0.1:{port}", COMMANDS, "500ms")
+
+
 BODY = b'{"device": "boiler-7", "command": "set-temperature", "params": {"celsius": 21.5}}'
 DEVICE = ("import sys; from tests.e2e.mosquitto import Device; d = Device(int(sys.argv[1]), 'bench/+/set'); "
           "print('ready', flush=True); sys.stdin.read(); d.stop()")
@@ -128,7 +124,7 @@ def main() -> None:
             raise RuntimeError("the bench device did not start")
         load_before = os.getloadavg()
         started = dt.datetime.now(dt.timezone.utc)
-        res = asyncio.run(measure(load_text(CONFIG.format(port=broker.port)), args.n))
+        res = asyncio.run(measure(load_text(config(broker.port)), args.n))
         load_after = os.getloadavg()
     finally:
         device.stdin.close()

@@ -52,9 +52,7 @@ import os
 import platform
 import re
 import resource
-import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -347,6 +345,20 @@ def run_wrk(wrk: str, url: str, script: Path, connections: int, duration: float,
 # The floor
 # --------------------------------------------------------------------------------------------
 
+def tools(wanted: list[str]) -> tuple[str, Path | None, str]:
+    """What a run needs before it starts anything: wrk (`ensure_wrk`) and, when the setups `wanted` name it,
+    the floor (`build_floor`); a floor that cannot be built leaves `wanted`, saying why on stderr.
+    (wrk, the floor's binary or None, why not)."""
+    wrk = ensure_wrk()
+    floor_bin, floor_why = None, ""
+    if "floor" in wanted:
+        floor_bin, floor_why = build_floor()
+        if floor_bin is None:
+            print(f"floor: skipped ({floor_why})", file=sys.stderr)
+            wanted.remove("floor")
+    return wrk, floor_bin, floor_why
+
+
 def build_floor(install: bool = True) -> tuple[Path | None, str]:
     """(binary, "") once perf/floor/build.sh built it (or it was up to date), else (None, why).
     `install=False`: build only if the gRPC C++ packages are already installed (no apt-get)."""
@@ -524,34 +536,29 @@ def envoy_counter(admin_url: str, name: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def _f(v: float | None, fmt: str = "{:.3f}") -> str:
-    return "-" if v is None else fmt.format(v)
+SETUP_COLUMNS = [("c", "concurrency", "{}"), ("route", "route", None), ("setup", "setup", None)]
+
+
+def rps_range(r: dict[str, Any]) -> str:
+    """A row's range of req/s over its runs (`--reps` > 1)."""
+    return f"{r['rps_min']:,.0f}–{r['rps_max']:,.0f}"
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
     """One line per row; with `--reps` > 1 also each setup's range of req/s over its runs."""
     spread = any(r.get("reps", 1) > 1 for r in rows)
-    head = ("| c | route | setup | p50 ms | p90 ms | p99 ms | req/s " + ("| req/s range " if spread else "")
-            + "| processor CPU µs/req | ext_proc msgs/req | p50 − floor | p50 / floor | req/s / floor | other load |")
-    out = [head, "|---:|---|---|" + "---:|" * (11 if spread else 10)]
-    for r in rows:
-        rng = f"| {r['rps_min']:,.0f}–{r['rps_max']:,.0f} " if spread else ""
-        out.append(f"| {r['concurrency']} | {r['route']} | {r['setup']} | {r['p50_ms']:.3f} | {r['p90_ms']:.3f} "
-                   f"| {r['p99_ms']:.3f} | {r['rps']:,.0f} {rng}| {_f(r['processor_cpu_us'], '{:.0f}')} "
-                   f"| {_f(r['msgs_per_req'], '{:.2f}')} | {_f(r['added_p50_ms_vs_floor'], '{:+.3f}')} "
-                   f"| {_f(r['p50_vs_floor'], '{:.2f}')} | {_f(r['rps_vs_floor'], '{:.0%}')} "
-                   f"| {_f(r['other_load_cores'], '{:.2f}')} |")
-    return "\n".join(out)
+    return benchenv.md_table(rows, [
+        *SETUP_COLUMNS, ("p50 ms", "p50_ms", "{:.3f}"), ("p90 ms", "p90_ms", "{:.3f}"), ("p99 ms", "p99_ms", "{:.3f}"),
+        ("req/s", "rps", "{:,.0f}"), *([("req/s range", rps_range, "")] if spread else []),
+        ("processor CPU µs/req", "processor_cpu_us", "{:.0f}"), ("ext_proc msgs/req", "msgs_per_req", "{:.2f}"),
+        ("p50 − floor", "added_p50_ms_vs_floor", "{:+.3f}"), ("p50 / floor", "p50_vs_floor", "{:.2f}"),
+        ("req/s / floor", "rps_vs_floor", "{:.0%}"), ("other load", "other_load_cores", "{:.2f}")])
 
 
 def fmt_cpu(rows: list[dict[str, Any]]) -> str:
-    out = ["| c | route | setup | Envoy CPU µs/req | upstream CPU µs/req | processor CPU µs/req "
-           "| processor handler µs/req |", "|---:|---|---|---:|---:|---:|---:|"]
-    for r in rows:
-        out.append(f"| {r['concurrency']} | {r['route']} | {r['setup']} | {_f(r['envoy_cpu_us'], '{:.0f}')} "
-                   f"| {_f(r['upstream_cpu_us'], '{:.0f}')} | {_f(r['processor_cpu_us'], '{:.0f}')} "
-                   f"| {_f(r['handler_us'], '{:.0f}')} |")
-    return "\n".join(out)
+    return benchenv.md_table(rows, [
+        *SETUP_COLUMNS, ("Envoy CPU µs/req", "envoy_cpu_us", "{:.0f}"), ("upstream CPU µs/req", "upstream_cpu_us", "{:.0f}"),
+        ("processor CPU µs/req", "processor_cpu_us", "{:.0f}"), ("processor handler µs/req", "handler_us", "{:.0f}")])
 
 
 def verdict(rows: list[dict[str, Any]]) -> str:
@@ -667,26 +674,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--routes from {','.join(ROUTES)}, --setups from {','.join(SETUPS)}")
     workers = args.workers or os.cpu_count() or 1
     envoy_concurrency = min(workers, 4)  # what Stack gives the gateway's Envoy; bare and floor get the same
-    command = " ".join([".venv/bin/python perf/bench_overhead.py",
-                        *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
+    command = benchenv.command_line("perf/bench_overhead.py", argv)
+    benchenv.sigterm_unwinds(argv)  # so the finally below stops everything
 
-    # SIGTERM unwinds like Ctrl-C, so the finally below stops everything.
-    def _on_sigterm(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    if argv is None:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-
-    wrk = ensure_wrk()
-    floor_bin, floor_why = (None, "")
-    if "floor" in wanted:
-        floor_bin, floor_why = build_floor()
-        if floor_bin is None:
-            print(f"floor: skipped ({floor_why})", file=sys.stderr)
-            wanted.remove("floor")
-            if not wanted:
-                print("nothing to measure", file=sys.stderr)
-                return 2
+    wrk, floor_bin, floor_why = tools(wanted)
+    if not wanted:
+        print("nothing to measure", file=sys.stderr)
+        return 2
     load_start = os.getloadavg()
     idle_load = other_load()
     if idle_load > 0.2:
@@ -758,9 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info(workers)
     table, cpu_table = fmt_table(rows), fmt_cpu(rows)
     msgs_text = _msgs_check(rows) if "floor" in wanted and stack is not None else ""
-    load_text = (f"load average {load_start[0]:.2f} / {load_start[1]:.2f} / {load_start[2]:.2f} at the start, "
-                 f"{load_end[0]:.2f} / {load_end[1]:.2f} / {load_end[2]:.2f} at the end "
-                 f"(other processes used {idle_load:.2f} cores just before)")
+    load_text = benchenv.load_text(load_start, load_end, idle_load)
     print()
     print(table)
     print()
@@ -774,13 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{load_text}; worker restarts: {restarts}")
     print(f"against the goals: {verdict(rows)}")
 
-    outs = [args.out] if args.out else []
-    if not args.no_write and RESULTS_JSON not in outs:
-        outs.append(RESULTS_JSON)
-    for out in outs:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
-        print(f"wrote {out}")
+    benchenv.write_json(json.dumps({"rows": rows}, indent=1) + "\n", args.out, args.no_write, RESULTS_JSON)
     if not args.no_write:
         append_results(info, command, table, cpu_table, msgs_text, floor_why, load_text, restarts, rows,
                        warmup, duration)
@@ -832,8 +818,4 @@ Against issue 13's goals: {verdict(rows)}
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    benchenv.run(main)

@@ -443,7 +443,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import benchenv
     from extproc.qos.budget_store import MemoryStore
-    from extproc.stack import stop_process
 
     started = time.monotonic()
     load_before = os.getloadavg()
@@ -515,9 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 st.stop()
     finally:
-        sync.close()
-        for _, p, _ in fleet:
-            stop_process(p)
+        br.stop_fleet(sync, fleet)
     elapsed = time.monotonic() - started
     doc = document(rows, jains, loads, budgets=budgets, tenants=tenants, jain_by_class=jain_classes, qos_metrics=qos_metrics,
                    shedding=args.shedding,
@@ -527,15 +524,10 @@ def main(argv: list[str] | None = None) -> int:
                    other_load_cores=other_cores, load_average_at_start=[round(x, 2) for x in load_before],
                    note="simulator results (backends/simulator_openai.py --latency-model vllm, time scale "
                         f"{args.time_scale:g}), not measurements of vLLM; measured on a shared machine")
-    text = json.dumps(doc, indent=1)
     tbl = table(rows)
     checked = goals(doc)
-    print("\n" + tbl + "\n\n" + "\n".join("- " + g for g in checked) + f"\n\nelapsed {elapsed:.0f} s")
-    if args.out:
-        Path(args.out).write_text(text)
+    benchenv.report(tbl, checked, elapsed, json.dumps(doc, indent=1), args.out, args.no_write, RESULTS_JSON)
     if not args.no_write:
-        RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS_JSON.write_text(text)
         cmd = "perf/bench_qos.py " + " ".join(argv if argv is not None else sys.argv[1:])
         # per cell, while its stack ran: over the whole run the CPU of stacks already stopped (no longer in
         # this process tree) would count as other processes'

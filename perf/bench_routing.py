@@ -378,6 +378,15 @@ def start_fleet(time_scale: float) -> list[tuple[Node, subprocess.Popen, int]]:
     return fleet
 
 
+def stop_fleet(sync, fleet: Sequence[tuple[Node, subprocess.Popen, int]]) -> None:
+    """The end of a run over `start_fleet`'s simulators: the HTTP client `sync` closed, every simulator stopped."""
+    from extproc.stack import stop_process
+
+    sync.close()
+    for _, p, _ in fleet:
+        stop_process(p)
+
+
 def gateway_config(policy: str, fleet: Sequence[tuple[Node, Any, int]]) -> dict:
     endpoints = [{"address": f"127.0.0.1:{port}",
                   "labels": {"gpu": n.gpu, "speed": str(n.speed), "kv-tokens": str(n.kv_tokens), "node": n.name,
@@ -717,7 +726,6 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
 
     import benchenv
-    from extproc.stack import stop_process
 
     started = time.monotonic()
     load_before = os.getloadavg()[0]
@@ -799,23 +807,16 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 st.stop()
     finally:
-        sync.close()
-        for _, p, _ in fleet:
-            stop_process(p)
+        stop_fleet(sync, fleet)
     elapsed = time.monotonic() - started
     doc = {"rows": rows, "capacity_rps": capacity, "time_scale": args.time_scale, "quick": args.quick,
            "duration_s": args.duration, "warmup_s": args.warmup, "seeds": seeds, "elapsed_s": round(elapsed),
            "fleet": [vars(n) for n in FLEET], "workloads": {w: vars(shapes[w]) for w in workloads},
            "note": "simulator results (backends/simulator_openai.py --latency-model vllm), not measurements of vLLM"}
-    text = json.dumps(doc, indent=1)
     tbl = table(rows)
     checked = goals(rows)
-    print("\n" + tbl + "\n\n" + "\n".join("- " + g for g in checked) + f"\n\nelapsed {elapsed:.0f} s")
-    if args.out:
-        Path(args.out).write_text(text)
+    benchenv.report(tbl, checked, elapsed, json.dumps(doc, indent=1), args.out, args.no_write, RESULTS_JSON)
     if not args.no_write:
-        RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS_JSON.write_text(text)
         cmd = "perf/bench_routing.py " + " ".join(argv if argv is not None else sys.argv[1:])
         fleet_txt = ", ".join(f"{n.name} (speed {n.speed:g}, KV {n.kv_tokens}, {n.max_num_seqs} seqs)" for n in FLEET)
         with RESULTS_MD.open("a") as f:

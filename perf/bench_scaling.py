@@ -46,9 +46,7 @@ import argparse
 import datetime as dt
 import json
 import os
-import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -175,16 +173,12 @@ def build_rows(points: list[Any], duration: float, envoy_c: dict[int, int]) -> l
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
-    f = bo._f
-    out = ["| route | workers | Envoy conc. | c | req/s | efficiency | p50 ms | p99 ms | processor CPU µs/req "
-           "| Envoy CPU µs/req | processor cores busy | other load (cores) |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: (r["route"], r["workers"])):
-        out.append(f"| {r['route']} | {r['workers']} | {r['envoy_concurrency']} | {r['concurrency']} | {r['rps']:,.0f} "
-                   f"| {f(r['efficiency'], '{:.2f}')} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} "
-                   f"| {f(r['processor_cpu_us'], '{:.0f}')} | {f(r['envoy_cpu_us'], '{:.0f}')} "
-                   f"| {f(r['processor_cores_busy'], '{:.2f}')} | {f(r['other_load_cores'], '{:.2f}')} |")
-    return "\n".join(out)
+    return benchenv.md_table(sorted(rows, key=lambda r: (r["route"], r["workers"])), [
+        ("route", "route", None), ("workers", "workers", "{}"), ("Envoy conc.", "envoy_concurrency", "{}"),
+        ("c", "concurrency", "{}"), ("req/s", "rps", "{:,.0f}"), ("efficiency", "efficiency", "{:.2f}"),
+        ("p50 ms", "p50_ms", "{:.2f}"), ("p99 ms", "p99_ms", "{:.2f}"), ("processor CPU µs/req", "processor_cpu_us", "{:.0f}"),
+        ("Envoy CPU µs/req", "envoy_cpu_us", "{:.0f}"), ("processor cores busy", "processor_cores_busy", "{:.2f}"),
+        ("other load (cores)", "other_load_cores", "{:.2f}")])
 
 
 def verdict(rows: list[dict[str, Any]], judged: bool = True) -> str:
@@ -245,14 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     if not routes or not set(routes) <= set(ROUTES):
         ap.error(f"--routes from {','.join(ROUTES)}")
     upstream_c = args.upstream_concurrency or max(1, len(server_cpus or usable) // 4)
-    command = " ".join([".venv/bin/python perf/bench_scaling.py",
-                        *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
-
-    def _on_sigterm(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    if argv is None:
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    command = benchenv.command_line("perf/bench_scaling.py", argv)
+    benchenv.sigterm_unwinds(argv)
 
     wrk = bo.ensure_wrk()
     prefix: tuple[str, ...] = ()
@@ -324,9 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = build_rows(points, duration, econc)
     info = bo.machine_info(max(counts))
     table = fmt_table(rows)
-    load_text = (f"load average {load_start[0]:.2f} / {load_start[1]:.2f} / {load_start[2]:.2f} at the start, "
-                 f"{load_end[0]:.2f} / {load_end[1]:.2f} / {load_end[2]:.2f} at the end "
-                 f"(other processes used {idle_load:.2f} cores just before)")
+    load_text = benchenv.load_text(load_start, load_end, idle_load)
     print()
     print(table)
     print()
@@ -341,13 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                     "other_cores_before": round(idle_load, 2)},
            "pinning": {"text": pinning, "cpus_allowed": affinity}, "upstream_concurrency": upstream_c,
            "warmup_s": warmup, "duration_s": duration, "worker_restarts": restarts, "rows": rows}
-    outs = [args.out] if args.out else []
-    if not args.no_write and RESULTS_JSON not in outs:
-        outs.append(RESULTS_JSON)
-    for out in outs:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {out}")
+    benchenv.write_json(json.dumps(doc, indent=1) + "\n", args.out, args.no_write, RESULTS_JSON)
     if not args.no_write:
         label = f"- **{args.label}**\n" if args.label else ""
         benchenv.append_results(f"""
@@ -369,8 +349,4 @@ Against issue 13 item 4 (>= {GOAL}x linear): {verdict(rows, bool(wrk_cpus))}
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    benchenv.run(main)

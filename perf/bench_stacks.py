@@ -45,9 +45,7 @@ import argparse
 import datetime as dt
 import json
 import os
-import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -167,16 +165,12 @@ def build_rows(points: list[bo.Point], duration: float) -> list[dict[str, Any]]:
 
 
 def fmt_table(rows: list[dict[str, Any]]) -> str:
-    f = bo._f
-    out = ["| c | route | stack | p50 ms | p99 ms | req/s | req/s range | processor CPU µs/req | µs/msg "
-           "| p50 − floor | req/s / floor | other load (cores) |", "|---:|---|---|" + "---:|" * 9]
-    for r in rows:
-        out.append(f"| {r['concurrency']} | {r['route']} | {r['setup']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} "
-                   f"| {r['rps']:,.0f} | {r['rps_min']:,.0f}–{r['rps_max']:,.0f} "
-                   f"| {f(r['processor_cpu_us'], '{:.0f}')} | {f(r['processor_cpu_us_per_msg'], '{:.0f}')} "
-                   f"| {f(r['added_p50_ms_vs_floor'], '{:+.3f}')} | {f(r['rps_vs_floor'], '{:.0%}')} "
-                   f"| {f(r['other_load_cores'], '{:.2f}')} |")
-    return "\n".join(out)
+    return benchenv.md_table(rows, [
+        ("c", "concurrency", "{}"), ("route", "route", None), ("stack", "setup", None), ("p50 ms", "p50_ms", "{:.3f}"),
+        ("p99 ms", "p99_ms", "{:.3f}"), ("req/s", "rps", "{:,.0f}"), ("req/s range", bo.rps_range, ""),
+        ("processor CPU µs/req", "processor_cpu_us", "{:.0f}"), ("µs/msg", "processor_cpu_us_per_msg", "{:.0f}"),
+        ("p50 − floor", "added_p50_ms_vs_floor", "{:+.3f}"), ("req/s / floor", "rps_vs_floor", "{:.0%}"),
+        ("other load (cores)", "other_load_cores", "{:.2f}")])
 
 
 def msgs_check(rows: list[dict[str, Any]]) -> str:
@@ -213,20 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     reps = max(1, args.reps)
     workers = args.workers or os.cpu_count() or 1
     envoy_concurrency = min(workers, 4)  # as bench_overhead (and Stack) give Envoy
-    command = " ".join([".venv/bin/python perf/bench_stacks.py",
-                        *(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))])
-    if argv is None:
-        def _on_sigterm(*_: object) -> None:
-            raise KeyboardInterrupt
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    command = benchenv.command_line("perf/bench_stacks.py", argv)
+    benchenv.sigterm_unwinds(argv)
 
-    wrk = bo.ensure_wrk()
-    floor_bin, floor_why = None, ""
-    if "floor" in wanted:
-        floor_bin, floor_why = bo.build_floor()
-        if floor_bin is None:
-            print(f"floor: skipped ({floor_why})", file=sys.stderr)
-            wanted.remove("floor")
+    wrk, floor_bin, floor_why = bo.tools(wanted)
     if not wanted:
         print("nothing to measure", file=sys.stderr)
         return 2
@@ -294,9 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = build_rows(points, duration)
     info = bo.machine_info(workers)
     table, check = fmt_table(rows), msgs_check(rows)
-    load_text = (f"load average {load_start[0]:.2f} / {load_start[1]:.2f} / {load_start[2]:.2f} at the start, "
-                 f"{load_end[0]:.2f} / {load_end[1]:.2f} / {load_end[2]:.2f} at the end "
-                 f"(other processes used {idle_load:.2f} cores just before)")
+    load_text = benchenv.load_text(load_start, load_end, idle_load)
     print()
     print(table)
     print()
@@ -309,13 +291,7 @@ def main(argv: list[str] | None = None) -> int:
            "other_load_before_cores": round(idle_load, 2), "warmup_s": warmup, "duration_s": duration, "reps": reps,
            "workers": workers, "envoy_concurrency": envoy_concurrency,
            "stacks": {n: STACKS[n][2] for n in setups}, "msgs_check": check}
-    outs = [args.out] if args.out else []
-    if not args.no_write and RESULTS_JSON not in outs:
-        outs.append(RESULTS_JSON)
-    for out in outs:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"rows": rows, "run": run}, indent=1, ensure_ascii=False) + "\n")
-        print(f"wrote {out}")
+    benchenv.write_json(json.dumps({"rows": rows, "run": run}, indent=1, ensure_ascii=False) + "\n", args.out, args.no_write, RESULTS_JSON)
     if not args.no_write:
         stacks = "\n".join(f"  - `{n}`: {STACKS[n][2]}" for n in setups)
         benchenv.append_results(f"""
@@ -342,8 +318,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted: everything started was stopped", file=sys.stderr)
-        sys.exit(130)
+    benchenv.run(main)

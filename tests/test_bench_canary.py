@@ -7,27 +7,16 @@ Simulated arms and a simulated clock; no timing thresholds."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from canary.assign import Assignment, arm_at, assign, bucket
 from tests.conftest import REPO
+from tests.perf_scripts import load_perf
 
 
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "perf" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bc = _load("bench_canary")
+bc = load_perf("bench_canary")
 
 
 # deliberately broken assignments (the stickiness check imports these by name in its subprocesses)

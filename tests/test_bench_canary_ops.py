@@ -7,30 +7,19 @@ timing thresholds. Skipped, saying why, without an Envoy binary."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from canary.assign import Arm, Rollout, arm_at, bucket
 from extproc.envoy_bin import EnvoyNotFound, find_envoy
 from tests.conftest import REPO
+from tests.perf_scripts import load_perf
 
 pytestmark = pytest.mark.e2e
 
 
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "perf" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bco = _load("bench_canary_ops")
+bco = load_perf("bench_canary_ops")
 
 
 def test_two_rounds_apply_every_op_with_no_failed_request(tmp_path, monkeypatch):

@@ -3,26 +3,15 @@ and every policy decided (a positive p50). No timing thresholds: a benchmark rep
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from tests.conftest import REPO
+from tests.perf_scripts import load_perf
 
 
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "perf" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bd = _load("bench_decision")
+bd = load_perf("bench_decision")
 
 
 def test_main_writes_rows_and_plugin_p50s(tmp_path, monkeypatch):

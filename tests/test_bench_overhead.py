@@ -14,7 +14,6 @@ No timing thresholds.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
@@ -25,19 +24,10 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.perf_scripts import load_perf
 
 
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "perf" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bo = _load("bench_overhead")
+bo = load_perf("bench_overhead")
 PROTO = REPO / "perf" / "floor" / "ext_proc.proto"
 REQUIRED = {"setup", "route", "concurrency", "p50_ms", "p99_ms", "rps", "processor_cpu_us"}
 

@@ -9,26 +9,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests.conftest import REPO
+from tests.perf_scripts import load_perf
 
 
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "perf" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bo = _load("bench_overhead")
-bs = _load("bench_scaling")
+bo = load_perf("bench_overhead")
+bs = load_perf("bench_scaling")
 
 
 @pytest.mark.parametrize("cpus, expected", [(1, [1]), (2, [1, 2]), (3, [1, 2, 3]), (12, [1, 2, 4, 8, 12]),

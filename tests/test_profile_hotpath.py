@@ -13,24 +13,13 @@ no servers, no timing).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from tests.conftest import REPO
+from tests.perf_scripts import load_perf
 
 
-def _load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "perf" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ph = _load("profile_hotpath")
+ph = load_perf("profile_hotpath")
 SAMPLE = REPO / "tests" / "fixtures" / "pyspy" / "sample.raw.txt"
 ROOTS = ["/tmp/wt-prof-abc", "/work/main/.venv/lib/python3.11/site-packages", "/usr/lib/python3.11"]
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
+import httpx
 import pytest
 
 from extproc.stack import Stack, free_port, free_port_block
+from tests.conftest import REPO
 from tests.promtext import metric_sum, parse, scrape, wait_metric  # noqa: F401  (re-exported: tests import them from here)
 
 
@@ -27,3 +33,36 @@ def stack_factory():
     yield start
     for st in started:
         st.stop()
+
+
+class Simulator:
+    """backends/simulator_openai.py serving `model` on a free port, its further command-line `args` after
+    the defaults; its process goes into `procs` (the caller stops it, e.g. test_xds_live's `procs` fixture).
+    `served()` is the simulator's own count of finished requests."""
+
+    def __init__(self, procs: list, *args: str, model: str = "m") -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([sys.executable, "-m", "backends.simulator_openai", "--host", "127.0.0.1",
+                                      "--port", str(self.port), "--models", model, "--log-level", "warning", *args],
+                                     cwd=REPO, stdout=subprocess.DEVNULL)
+        procs.append(self.proc)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert self.proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
+            time.sleep(0.1)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def id(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def served(self) -> float:
+        return scrape(f"{self.url}/metrics").total("vllm:request_success_total")

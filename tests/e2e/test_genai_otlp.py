@@ -17,58 +17,24 @@ gateway estimates). Checked on what the receiver got, against the processor's ow
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from extproc.stack import free_port
-from tests.conftest import REPO
+from tests.e2e.conftest import Simulator
 from tests.e2e.test_xds_live import procs  # noqa: F401  (a fixture: started processes, stopped by handle)
+from tests.genai_metrics import histogram_points
 from tests.otlp_receiver import OtlpReceiver
 from tests.promtext import scrape
 
 pytestmark = pytest.mark.e2e
 
-PROMETHEUS = {"gen_ai_server_request_duration_seconds": "gen_ai.server.request.duration",
-              "gen_ai_server_time_to_first_token_seconds": "gen_ai.server.time_to_first_token",
-              "gen_ai_server_time_per_output_token_seconds": "gen_ai.server.time_per_output_token",
-              "gen_ai_client_token_usage": "gen_ai.client.token.usage"}
-LABELS = {"gen_ai_operation_name": "gen_ai.operation.name", "gen_ai_provider_name": "gen_ai.provider.name",
-          "gen_ai_request_model": "gen_ai.request.model", "server_address": "server.address",
-          "server_port": "server.port", "error_type": "error.type", "gen_ai_token_type": "gen_ai.token.type",
-          "estimated": "estimated"}
 UNITS = {"gen_ai.server.request.duration": "s", "gen_ai.server.time_to_first_token": "s",
          "gen_ai.server.time_per_output_token": "s", "gen_ai.client.token.usage": "{token}"}
 TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 TOKEN_BOUNDS = tuple(float(4 ** k) for k in range(14))  # 1, 4, ..., 67108864
-
-
-class Simulator:
-    """backends/simulator_openai.py serving `model` on a free port."""
-
-    def __init__(self, procs: list, model: str) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "backends.simulator_openai", "--host", "127.0.0.1",
-                                      "--port", str(self.port), "--models", model, "--log-level", "warning"],
-                                     cwd=REPO, stdout=subprocess.DEVNULL)
-        procs.append(self.proc)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert self.proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
-            time.sleep(0.1)
-
-    @property
-    def id(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
 
 @pytest.fixture
@@ -98,25 +64,7 @@ def write(path: Path, counted: Simulator, bare: Simulator, collector: str) -> Pa
 
 def prometheus(url: str) -> dict:
     """{(otel name, attributes): (count, cumulative buckets)} from the processor's /metrics."""
-    out: dict = {}
-    for (name, labels), value in scrape(url).items():
-        for prom, otel in PROMETHEUS.items():
-            part = name[len(prom) + 1:] if name.startswith(prom + "_") else None
-            if part not in ("count", "bucket"):
-                continue
-            labels = dict(labels)
-            le = labels.pop("le", None)
-            attrs = {LABELS[k]: v for k, v in labels.items() if v != ""}
-            if "server.port" in attrs:
-                attrs["server.port"] = int(attrs["server.port"])
-            if "estimated" in attrs:
-                attrs["estimated"] = attrs["estimated"] == "true"
-            entry = out.setdefault((otel, tuple(sorted(attrs.items()))), [0, {}])
-            if part == "bucket":
-                entry[1][float(le)] = value
-            else:
-                entry[0] = value
-    return {k: (count, buckets) for k, (count, buckets) in out.items() if count}
+    return {k: (p["count"], p["buckets"]) for k, p in histogram_points(scrape(url)).items() if p.get("count")}
 
 
 def otlp(receiver: OtlpReceiver) -> dict:
@@ -150,7 +98,7 @@ def agree(receiver: OtlpReceiver, url: str, requests: int, timeout: float = 30) 
 
 def test_the_genai_metrics_reach_an_otlp_collector_and_agree_with_prometheus(tmp_path, procs, receiver,
                                                                               stack_factory):
-    counted, bare = Simulator(procs, "m"), Simulator(procs, "n")
+    counted, bare = Simulator(procs, model="m"), Simulator(procs, model="n")
     st = stack_factory(write(tmp_path / "gw.yaml", counted, bare, receiver.address), workers=2,
                        run_dir=str(tmp_path / "run"))
     url = f"{st.processor_admin_url}/metrics"

@@ -14,24 +14,14 @@ import httpx
 import pytest
 
 from extproc.stack import free_port
+from tests.e2e.iot_gateway import iot_gateway
 from tests.e2e.mosquitto import Device, Mosquitto, mosquitto_binary
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(mosquitto_binary() is None,
                                  reason="mosquitto is not installed (make setup installs it as root with apt-get)")]
 
-CONFIG = """
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {{name: iot}}
-spec:
-  brokers: [{{name: plant, address: "{broker}"}}]
-  routes:
-    - path: /v1/devices/command
-      kind: iot
-      iot:
-        timeout: 300ms
-        commands:
+COMMANDS = """\
           set-temperature:
             topic: "plant/{{$.device}}/set"
             payload: '{payload}'
@@ -55,7 +45,7 @@ PAYLOAD_V2 = '{"id": $.correlationId, "setpoint": {"value": $.params.celsius, "u
 
 
 def config(broker: str, payload: str = PAYLOAD_V1) -> str:
-    return CONFIG.format(broker=broker, payload=payload)
+    return iot_gateway("iot", broker, COMMANDS.format(payload=payload), "300ms")
 
 
 @pytest.fixture(scope="module")
@@ -208,27 +198,20 @@ def test_a_broker_that_is_down_is_a_503_and_the_gateway_connects_once_it_is_up(s
 # --- the optional LLM step: a chat model answers with the command (tests/e2e/sql_chat_service.py answers
 # each question with the content a test chose) ---------------------------------------------------------
 
-LLM_CONFIG = """
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {{name: iot-llm}}
-spec:
-  brokers: [{{name: plant, address: "{broker}"}}]
-  backends: [{{name: model, kind: openai, endpoints: ["127.0.0.1:{chat}"], models: [iot-model],
-               dialect: {{negotiate: false, preset: openai}}}}]
-  routes:
-    - path: /v1/devices/ask
-      kind: iot
-      target: model
-      iot:
-        timeout: 300ms
-        commands:
+LLM_COMMANDS = """\
           set-temperature:
-            topic: "plant/{{$.device}}/set"
-            payload: '{{"id": $.correlationId, "celsius": $.params.celsius}}'
-            replyTopic: "plant/{{$.device}}/reply"
-            params: {{type: object, required: [celsius], properties: {{celsius: {{type: number}}}}}}
+            topic: "plant/{$.device}/set"
+            payload: '{"id": $.correlationId, "celsius": $.params.celsius}'
+            replyTopic: "plant/{$.device}/reply"
+            params: {type: object, required: [celsius], properties: {celsius: {type: number}}}
 """
+
+
+def llm_config(broker: str, chat: int) -> str:
+    backends = (f'  backends: [{{name: model, kind: openai, endpoints: ["127.0.0.1:{chat}"], models: [iot-model],\n'
+                "               dialect: {negotiate: false, preset: openai}}]\n")
+    return iot_gateway("iot-llm", broker, LLM_COMMANDS, "300ms", path="/v1/devices/ask", backends=backends,
+                       target="model")
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +226,7 @@ def llm_stack(broker, tmp_path_factory):
     port = free_port()
     chat = subprocess.Popen([sys.executable, str(REPO / "tests" / "e2e" / "sql_chat_service.py"), str(port)])
     cfg = tmp_path_factory.mktemp("iot-llm") / "gateway.yaml"
-    cfg.write_text(LLM_CONFIG.format(broker=broker[0].address, chat=port))
+    cfg.write_text(llm_config(broker[0].address, port))
     st = make_stack(cfg, workers=1)
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 20, chat)

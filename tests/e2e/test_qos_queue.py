@@ -23,22 +23,25 @@ from tests.e2e.conftest import metric_sum
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = """
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {name: qos-queue}
-spec:
-  modelRef: qwen2.5-finance
-  processor: {messageTimeout: 10s}
-  tenants: [{id: std}, {id: gold}, {id: batch}]
-  backends: [{name: llm, endpoints: ["llm.invalid:8000"]}]
-  routes:
-    - {path: /v1/, match: prefix, kind: openai, name: api}
-  qos:
-    tenants: [{tenant: gold, priorityClass: P0}, {tenant: batch, priorityClass: P2}]
-    admission:
-      - {backend: llm, initialLimit: 1, minLimit: 1, maxLimit: 1, maxQueue: 2, maxWait: 8s, retryAfter: 4}
-"""
+def config(name: str, classes: dict[str, str | None] | None = None, **admission) -> str:
+    """The gateway of these tests: model qwen2.5-finance from pool `llm` (simulated) behind an openai route,
+    `admission` its one spec.qos.admission entry (after backend llm, initialLimit 1, minLimit 1, maxWait 8s);
+    `classes` maps each tenant to its priority class (None: the default class)."""
+    spec: dict = {"modelRef": "qwen2.5-finance", "processor": {"messageTimeout": "10s"}}
+    if classes:
+        spec["tenants"] = [{"id": t} for t in classes]
+    spec["backends"] = [{"name": "llm", "endpoints": ["llm.invalid:8000"]}]
+    spec["routes"] = [{"path": "/v1/", "match": "prefix", "kind": "openai", "name": "api"}]
+    qos: dict = {}
+    if classes:
+        qos["tenants"] = [{"tenant": t, "priorityClass": c} for t, c in classes.items() if c]
+    qos["admission"] = [{"backend": "llm", "initialLimit": 1, "minLimit": 1, "maxWait": "8s", **admission}]
+    spec["qos"] = qos
+    doc = {"apiVersion": "adapter.ai/v1", "kind": "AdapterGateway", "metadata": {"name": name}, "spec": spec}
+    return json.dumps(doc, indent=1)  # JSON is YAML
+
+
+CONFIG = config("qos-queue", {"std": None, "gold": "P0", "batch": "P2"}, maxLimit=1, maxQueue=2, retryAfter=4)
 
 
 def chat(st, tenant, max_tokens=4, timeout=30.0, stream=False):
@@ -87,6 +90,15 @@ def wait_for(st, name, value, timeout=15.0, **labels):
     while metric_sum(url, name, **labels) < value:
         assert time.monotonic() < deadline, f"{name}{labels} never reached {value}"
         time.sleep(0.02)
+
+
+def closed_loop(client, n: int) -> None:
+    """`n` threads each running `client` (its own closed loop of requests), waited for (120 s each)."""
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
 
 
 def test_queue_full_shapes_disconnects_and_priority_order(stack_factory, tmp_path, capsys):
@@ -146,20 +158,7 @@ def test_queue_full_shapes_disconnects_and_priority_order(stack_factory, tmp_pat
     assert 'adapter_qos_admission_limit{' in metrics and 'adapter_qos_queue_wait_seconds_bucket{' in metrics
 
 
-LIMITER = """
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {name: qos-limiter}
-spec:
-  modelRef: qwen2.5-finance
-  processor: {messageTimeout: 10s}
-  backends: [{name: llm, endpoints: ["llm.invalid:8000"]}]
-  routes:
-    - {path: /v1/, match: prefix, kind: openai, name: api}
-  qos:
-    admission:
-      - {backend: llm, initialLimit: 1, minLimit: 1, maxLimit: 64, samples: 4, smoothing: 0.5, maxQueue: 64, maxWait: 8s}
-"""
+LIMITER = config("qos-limiter", maxLimit=64, samples=4, smoothing=0.5, maxQueue=64)
 
 
 def test_the_limit_converges_near_the_engines_slots_not_the_offered_concurrency(stack_factory, tmp_path):
@@ -181,33 +180,15 @@ def test_the_limit_converges_near_the_engines_slots_not_the_offered_concurrency(
             if r.status_code != 200:
                 failures.append(r.status_code)
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    closed_loop(client, 12)
     assert not failures
     limit = metric_sum(f"{st.processor_admin_url}/metrics", "adapter_qos_admission_limit", pool="llm")
     assert 2 <= limit < 12, limit
 
 
-SHED_CONFIG = """
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {{name: qos-shed}}
-spec:
-  modelRef: qwen2.5-finance
-  processor: {{messageTimeout: 10s}}
-  tenants: [{{id: batch}}]
-  backends: [{{name: llm, endpoints: ["llm.invalid:8000"]}}]
-  routes:
-    - {{path: /v1/, match: prefix, kind: openai, name: api}}
-  qos:
-    tenants: [{{tenant: batch, priorityClass: P2}}]
-    admission:
-      - {{backend: llm, initialLimit: 1, minLimit: 1, maxLimit: 1, maxQueue: 64, maxWait: 8s,
-         shedding: {{mode: {mode}, target: 100ms, interval: 50ms}}}}
-"""
+def shed_config(mode: str) -> str:
+    return config("qos-shed", {"batch": "P2"}, maxLimit=1, maxQueue=64,
+                  shedding={"mode": mode, "target": "100ms", "interval": "50ms"})
 
 
 @pytest.mark.parametrize("mode", ["gradual", "immediate"])
@@ -216,7 +197,7 @@ def test_gradual_mode_sheds_a_share_of_p2_under_moderate_overload(stack_factory,
     maxWait 8 s, over the 100 ms target): `immediate` sheds none of them (the estimate never reaches maxWait),
     `gradual` sheds a share, strictly between 0 and 1, and a client shed once is served again later."""
     cfg = tmp_path / "q.yaml"
-    cfg.write_text(SHED_CONFIG.format(mode=mode))
+    cfg.write_text(shed_config(mode))
     st = stack_factory(cfg, workers=1, simulate=True, simulator_args=("--decode-tokens-per-s", "20"))
     assert chat(st, "batch").status_code == 200  # a released slot: the delay estimate has a slot time
     results: list[list[int]] = []
@@ -232,11 +213,7 @@ def test_gradual_mode_sheds_a_share_of_p2_under_moderate_overload(stack_factory,
                 time.sleep(0.02)
             mine.append(r.status_code)
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    closed_loop(client, 6)
     every = [s for mine in results for s in mine]
     assert every.count(200) == 24, results
     shed = every.count(429) / len(every)

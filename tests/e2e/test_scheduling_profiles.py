@@ -10,47 +10,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from extproc.stack import free_port
-from tests.conftest import REPO
+from tests.e2e.conftest import Simulator
 from tests.e2e.test_xds_live import procs  # noqa: F401  (a fixture: started processes, stopped by handle)
-from tests.promtext import scrape
 
 pytestmark = pytest.mark.e2e
-
-
-class Simulator:
-    """backends/simulator_openai.py on a free port; `served()` is its own count of finished requests."""
-
-    def __init__(self, procs: list) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "backends.simulator_openai", "--host", "127.0.0.1",
-                                      "--port", str(self.port), "--models", "m", "--log-level", "warning"],
-                                     cwd=REPO, stdout=subprocess.DEVNULL)
-        procs.append(self.proc)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert self.proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
-            time.sleep(0.1)
-
-    @property
-    def id(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def served(self) -> float:
-        return scrape(f"http://127.0.0.1:{self.port}/metrics").total("vllm:request_success_total")
 
 
 def write(path: Path, labelled: Simulator, other: Simulator) -> Path:

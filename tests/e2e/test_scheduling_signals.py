@@ -14,8 +14,6 @@ the gateway to see the load (the scraper's documented cadence, not a latency thr
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,40 +22,18 @@ import httpx
 import pytest
 
 from extproc.datalayer.scraper import BUSY_INTERVAL_S, IDLE_INTERVAL_S
-from extproc.stack import free_port
-from tests.conftest import REPO
+from tests.e2e.conftest import Simulator as _Simulator
 from tests.e2e.test_xds_live import procs  # noqa: F401  (a fixture: started processes, stopped by handle)
 from tests.promtext import scrape
 
 pytestmark = pytest.mark.e2e
 
 
-class Simulator:
+class Simulator(_Simulator):
     """backends/simulator_openai.py with the vLLM latency model on a free port."""
 
     def __init__(self, procs: list, *args: str) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "backends.simulator_openai", "--host", "127.0.0.1",
-                                      "--port", str(self.port), "--models", "m", "--log-level", "warning",
-                                      "--latency-model", "vllm", *args], cwd=REPO, stdout=subprocess.DEVNULL)
-        procs.append(self.proc)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert self.proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
-            time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def id(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        super().__init__(procs, "--latency-model", "vllm", *args)
 
     def received(self) -> int:
         """Generation requests this simulator received (its own record, GET /simulator/requests)."""
@@ -66,9 +42,6 @@ class Simulator:
 
     def waiting(self) -> float:
         return scrape(f"{self.url}/metrics").total("vllm:num_requests_waiting")
-
-    def served(self) -> float:
-        return scrape(f"{self.url}/metrics").total("vllm:request_success_total")
 
     def models(self) -> list[str]:
         return [m["id"] for m in httpx.get(f"{self.url}/v1/models", timeout=5).json()["data"]]

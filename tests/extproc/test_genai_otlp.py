@@ -33,6 +33,7 @@ from extproc.stream import ConfigRef, ExtProcService
 from extproc.types import Outcome
 from tests.conftest import REPO
 from tests.extproc.test_stream import _Context
+from tests.genai_metrics import histogram_points
 from tests.promtext import collect
 
 ENDPOINTS = ("127.0.0.1:18101", "127.0.0.1:18102")
@@ -48,14 +49,6 @@ CONVENTIONS = {
     "gen_ai.client.token.usage": ("{token}", (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576,
                                               4194304, 16777216, 67108864)),
 }
-PROMETHEUS = {"gen_ai_server_request_duration_seconds": "gen_ai.server.request.duration",
-              "gen_ai_server_time_to_first_token_seconds": "gen_ai.server.time_to_first_token",
-              "gen_ai_server_time_per_output_token_seconds": "gen_ai.server.time_per_output_token",
-              "gen_ai_client_token_usage": "gen_ai.client.token.usage"}
-LABELS = {"gen_ai_operation_name": "gen_ai.operation.name", "gen_ai_provider_name": "gen_ai.provider.name",
-          "gen_ai_request_model": "gen_ai.request.model", "server_address": "server.address",
-          "server_port": "server.port", "error_type": "error.type", "gen_ai_token_type": "gen_ai.token.type",
-          "estimated": "estimated"}
 
 
 def _receiver(**kw):
@@ -159,28 +152,7 @@ async def run(svc, sequence, request_id: str = "r"):
 def prometheus_points(registry) -> dict:
     """{(otel name, attributes as the OTLP side has them): (count, sum, cumulative buckets)} of the
     Prometheus histograms."""
-    samples = collect(registry)
-    out: dict = {}
-    for (name, labels), value in samples.items():
-        for prom, otel in PROMETHEUS.items():
-            if not name.startswith(prom + "_"):
-                continue
-            part = name[len(prom) + 1:]
-            if part not in ("count", "sum", "bucket"):
-                continue
-            labels = dict(labels)
-            le = labels.pop("le", None)
-            attrs = {LABELS[k]: v for k, v in labels.items() if v != ""}
-            if "server.port" in attrs:
-                attrs["server.port"] = int(attrs["server.port"])
-            if "estimated" in attrs:
-                attrs["estimated"] = attrs["estimated"] == "true"
-            entry = out.setdefault((otel, tuple(sorted(attrs.items()))), {"buckets": {}})
-            if part == "bucket":
-                entry["buckets"][float(le)] = value
-            else:
-                entry[part] = value
-    return out
+    return histogram_points(collect(registry))
 
 
 def otlp_points(receiver) -> dict:

@@ -12,13 +12,10 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import CollectorRegistry
 
-from extproc.config.loader import ConfigError, load_text
 from extproc.qos.limiter import LimiterParams
-from extproc.qos.priority import PriorityClass
 from extproc.qos.queue import SLOT_ATTR, Admission, AdmissionConfig, AdmissionQueue, PoolConfig, Waiter
 from extproc.types import Reject
-
-P0, P1, P2 = (PriorityClass(n, i, i == 0, i, i + 1) for i, n in enumerate(("P0", "P1", "P2")))
+from tests.extproc.qos.admission_common import P0, P1, P2, load_admission, refusal, req
 
 
 def waiter(seq, cls=P1, tenant="t", deadline=math.inf, tokens=1, size=0):
@@ -65,9 +62,22 @@ def admission(state_dir=None, worker=0, **kw):
     return adm
 
 
-def req(tenant="t", stream=False):
-    return SimpleNamespace(attrs={}, tenant=tenant, started=0.0, route=None, first_body=None,
-                           request=SimpleNamespace(stream=stream))
+async def saturated(**kw):
+    """`admission(**kw)` with both slots of its pool (limit 2) taken by P1 requests that are never released:
+    (admission, pool)."""
+    adm = admission(**kw)
+    pool = adm.pools["llm"]
+    for _ in range(2):
+        await adm.acquire(pool, req(), P1, 1, 0)
+    return adm, pool
+
+
+async def one_waiting(size=0, **kw):
+    """`saturated(**kw)` and one P1 request of `size` bytes waiting in its queue: (admission, pool, its task)."""
+    adm, pool = await saturated(**kw)
+    t = asyncio.create_task(adm.acquire(pool, req(), P1, 1, size))
+    await asyncio.sleep(0)
+    return adm, pool, t
 
 
 def test_queued_requests_go_in_class_order_as_slots_free():
@@ -109,12 +119,7 @@ def test_queued_requests_go_in_class_order_as_slots_free():
 
 def test_full_queue_sheds_p2_with_429_and_refuses_others_with_503():
     async def main():
-        adm = admission(max_queue=1)
-        pool = adm.pools["llm"]
-        for _ in range(2):
-            await adm.acquire(pool, req(), P1, 1, 0)
-        t = asyncio.create_task(adm.acquire(pool, req(), P1, 1, 0))
-        await asyncio.sleep(0)
+        adm, pool, t = await one_waiting(max_queue=1)
         shed = await adm.acquire(pool, req(), P2, 1, 0)
         refused = await adm.acquire(pool, req(), P0, 1, 0)
         assert isinstance(shed, Reject) and shed.status == 429 and shed.code == "overloaded" and shed.retry_after == 2
@@ -128,12 +133,7 @@ def test_full_queue_sheds_p2_with_429_and_refuses_others_with_503():
 
 def test_bytes_bound():
     async def main():
-        adm = admission(max_queue_bytes=100)
-        pool = adm.pools["llm"]
-        for _ in range(2):
-            await adm.acquire(pool, req(), P1, 1, 0)
-        t = asyncio.create_task(adm.acquire(pool, req(), P1, 1, 60))
-        await asyncio.sleep(0)
+        adm, pool, t = await one_waiting(60, max_queue_bytes=100)
         v = await adm.acquire(pool, req(), P1, 1, 60)
         assert isinstance(v, Reject) and v.status == 503 and v.code == "queue_full"
         t.cancel()
@@ -145,10 +145,7 @@ def test_bytes_bound():
 
 def test_wait_bound_times_out_p1_with_503_and_p2_with_429():
     async def main():
-        adm = admission(max_wait=0.02)
-        pool = adm.pools["llm"]
-        for _ in range(2):
-            await adm.acquire(pool, req(), P1, 1, 0)  # never released
+        adm, pool = await saturated(max_wait=0.02)
         a, b = await asyncio.gather(adm.acquire(pool, req(), P1, 1, 0), adm.acquire(pool, req(), P2, 1, 0))
         assert (a.status, a.code) == (503, "queue_timeout")
         assert (b.status, b.code) == (429, "overloaded")
@@ -159,11 +156,8 @@ def test_wait_bound_times_out_p1_with_503_and_p2_with_429():
 
 def test_p2_shed_at_once_when_its_estimated_wait_is_over_the_bound():
     async def main():
-        adm = admission(max_wait=1.0)
-        pool = adm.pools["llm"]
+        adm, pool = await saturated(max_wait=1.0)
         pool.hold = 10.0  # slots are held 10 s on average: 1 ahead / limit 2 * 10 s = 5 s > 1 s
-        for _ in range(2):
-            await adm.acquire(pool, req(), P1, 1, 0)
         v = await adm.acquire(pool, req(), P2, 1, 0)
         assert (v.status, v.code) == (429, "overloaded") and pool.queue.count == 0
 
@@ -234,20 +228,6 @@ def test_ttft_of_streamed_requests_feeds_the_limiter():
     asyncio.run(main())
 
 
-CONFIG = """
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {{name: q}}
-spec:
-  tenants: [{{id: a}}]
-  backends: [{{name: llm, endpoints: ["127.0.0.1:9"]}}]
-  routes: [{{path: /v1/, match: prefix, kind: openai, name: api, targets: [llm]}}]
-  qos:
-    admission:
-{admission}
-"""
-
-
 @pytest.mark.parametrize("entry, where", [
     ("      - {backend: nope}", "spec.qos.admission[0].backend: unknown backend 'nope'"),
     ("      - {backend: llm, maxWait: 2s}", "spec.qos.admission[0].maxWait"),
@@ -256,17 +236,16 @@ spec:
     ("      - {backend: llm, smoothing: 0}", "smoothing"),
 ])
 def test_bad_config_is_refused_with_its_field(entry, where):
-    with pytest.raises(ConfigError) as e:
-        load_text(CONFIG.format(admission=entry), "q.yaml")
-    assert where in str(e.value) and "q.yaml" in str(e.value)
+    error = refusal(entry)
+    assert where in error and "q.yaml" in error
 
 
 def test_pipeline_gets_the_stage_before_dispatch_only_for_listed_pools():
-    snap = load_text(CONFIG.format(admission="      - {backend: llm, maxWait: 500ms}"), "q.yaml")
+    snap = load_admission("      - {backend: llm, maxWait: 500ms}")
     names = [s.name for s in snap.routes["api"].pipeline.stages]
     assert names.index("qos-queue") == names.index("dispatch") - 1
     assert names.count("qos-queue") == 2  # bodiless requests are admitted at headers, the others at the body
-    off = load_text(CONFIG.format(admission="      - {backend: llm, enabled: false}"), "q.yaml")
+    off = load_admission("      - {backend: llm, enabled: false}")
     assert "qos-queue" not in [s.name for s in off.routes["api"].pipeline.stages]
 
 
@@ -308,7 +287,7 @@ def test_status_adds_up_the_workers_published_pools(tmp_path):
     from extproc.qos.queue import admission_view
     from extproc.status_cli import pretty
 
-    snap = load_text(CONFIG.format(admission="      - {backend: llm, maxWait: 500ms}"), "q.yaml")
+    snap = load_admission("      - {backend: llm, maxWait: 500ms}")
 
     async def main():
         w0, w1 = admission(str(tmp_path), 0), admission(str(tmp_path), 1)

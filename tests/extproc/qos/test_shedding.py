@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from types import SimpleNamespace
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from extproc.config.loader import ConfigError, load_text
 from extproc.qos.limiter import LimiterParams
-from extproc.qos.priority import PriorityClass
 from extproc.qos.queue import Admission, AdmissionConfig, PoolConfig, admission_of
 from extproc.qos.shedding import GRADUAL, IMMEDIATE, Shedder, SheddingParams
-
-P0, P1, P2 = (PriorityClass(n, i, i == 0, i, i + 1) for i, n in enumerate(("P0", "P1", "P2")))
+from tests.extproc.qos.admission_common import P1, P2, load_admission, refusal, req
 
 
 class Clock:
@@ -108,11 +104,6 @@ def pool_cfg(shedding, **kw):
     return PoolConfig(**base)
 
 
-def req(tenant="t"):
-    return SimpleNamespace(attrs={}, tenant=tenant, started=0.0, route=None, first_body=None,
-                           request=SimpleNamespace(stream=False))
-
-
 def run_p2_arrivals(mode, draws, n=8, alpha=0.125, beta=1.25):
     """One slot held, P1 requests waiting (queueing delay 4 x 1 s / 1 = 4 s, over the 1 s target and the 3 s
     maxWait's estimate rule), then n P2 arrivals one interval apart: which are shed at once."""
@@ -154,27 +145,13 @@ def test_gradual_sheds_a_share_rising_with_the_level_immediate_sheds_every_one()
     assert imm == ["overloaded"] * 8  # estimated wait (5 ahead x 1 s / 1) over maxWait 3 s: every one, at once
 
 
-CONFIG = """
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {{name: q}}
-spec:
-  tenants: [{{id: a}}]
-  backends: [{{name: llm, endpoints: ["127.0.0.1:9"]}}]
-  routes: [{{path: /v1/, match: prefix, kind: openai, name: api, targets: [llm]}}]
-  qos:
-    admission:
-{admission}
-"""
-
-
 def test_config_defaults_and_class_order():
-    snap = load_text(CONFIG.format(admission="      - {backend: llm, maxWait: 800ms, sheddable: [P1, P2], "
-                                   "shedding: {mode: gradual, interval: 50ms}}"), "q.yaml")
+    snap = load_admission("      - {backend: llm, maxWait: 800ms, sheddable: [P1, P2], "
+                          "shedding: {mode: gradual, interval: 50ms}}")
     sh = admission_of(snap).pools["llm"].shedding
     assert (sh.mode, sh.target, sh.interval, sh.alpha, sh.beta, sh.order) == (GRADUAL, 0.2, 0.05, 0.125, 1.25,
                                                                             ("P2", "P1"))
-    default = admission_of(load_text(CONFIG.format(admission="      - {backend: llm}"), "q.yaml")).pools["llm"]
+    default = admission_of(load_admission("      - {backend: llm}")).pools["llm"]
     assert default.shedding.mode == IMMEDIATE and not default.shedding.gradual
 
 
@@ -188,9 +165,8 @@ def test_config_defaults_and_class_order():
     ("      - {backend: llm, shedding: {mode: gradual, gain: 3}}", "spec.qos.admission[0].shedding.gain"),
 ])
 def test_bad_shedding_config_is_refused_with_its_field(entry, where):
-    with pytest.raises(ConfigError) as e:
-        load_text(CONFIG.format(admission=entry), "q.yaml")
-    assert where in str(e.value) and "q.yaml" in str(e.value)
+    error = refusal(entry)
+    assert where in error and "q.yaml" in error
 
 
 def test_a_reload_keeps_the_level():

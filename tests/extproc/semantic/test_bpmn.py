@@ -5,15 +5,12 @@ errors naming the field."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from extproc.config.loader import ConfigError, load_file
 from extproc.semantic.bpmn import BpmnError, advance, enabled, initial_position, normalize, parse_bpmn
-from tests.conftest import REPO
+from tests.extproc.erp_gateway import EXAMPLE, erp_route, write_erp_gateway
 
-EXAMPLE = REPO / "examples" / "erp" / "order-to-cash.bpmn"
 NS = 'xmlns="http://www.omg.org/spec/BPMN/20100524/MODEL"'
 
 
@@ -125,23 +122,15 @@ def test_the_process_is_chosen_by_id_when_there_are_several():
         parse_bpmn(two, "two.bpmn", "C")
 
 
-CONFIG = """\
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {name: erp}
-spec:
-  backends: [{name: llm, kind: openai, endpoints: ["127.0.0.1:9001"], models: [m]}]
-  routes:
-    - path: /erp
-      kind: erp
-      target: llm
-      erp:
-        process: o2c.bpmn
-        service: http://127.0.0.1:9002
-        timeout: 300ms
-        operations:
-%s
-"""
+def gateway(tmp_path, operations: str, timeout: str = "300ms"):
+    """g.yaml in `tmp_path`: the one erp route /erp with `operations` (lines), beside o2c.bpmn."""
+    return write_erp_gateway(tmp_path, erp_route("/erp", "http://127.0.0.1:9002", operations, timeout=timeout))
+
+
+def lines(ops: dict) -> str:
+    return "\n".join(f"          {k}: {v}" for k, v in ops.items())
+
+
 GOOD = {
     "Task_CheckCredit": "{path: '/orders/{instance}/credit-check'}",
     "Task_ReserveStock": "{path: '/orders/{instance}/reservations/{warehouse}', parameters: {type: object, "
@@ -156,9 +145,7 @@ GOOD = {
 
 
 def load(tmp_path, ops: dict):
-    shutil.copy(EXAMPLE, tmp_path / "o2c.bpmn")
-    (tmp_path / "g.yaml").write_text(CONFIG % "\n".join(f"          {k}: {v}" for k, v in ops.items()))
-    return load_file(tmp_path / "g.yaml")
+    return load_file(gateway(tmp_path, lines(ops)))
 
 
 def test_operations_become_tools_built_like_tool_routes(tmp_path):
@@ -201,8 +188,7 @@ def test_bad_operations_are_load_errors_naming_the_field(tmp_path, change, where
 
 
 def test_a_broken_bpmn_file_is_a_load_error_naming_the_file_and_element(tmp_path):
-    shutil.copy(EXAMPLE, tmp_path / "o2c.bpmn")
-    (tmp_path / "g.yaml").write_text(CONFIG % "          Task_CheckCredit: {path: /x}")
+    gateway(tmp_path, "          Task_CheckCredit: {path: /x}")
     text = EXAMPLE.read_text().replace('targetRef="Task_ShipOrder"', 'targetRef="Task_Ship"')
     (tmp_path / "o2c.bpmn").write_text(text)
     with pytest.raises(ConfigError) as e:
@@ -215,8 +201,6 @@ def test_a_broken_bpmn_file_is_a_load_error_naming_the_file_and_element(tmp_path
 
 
 def test_the_erp_calls_must_fit_in_one_processor_message(tmp_path):
-    shutil.copy(EXAMPLE, tmp_path / "o2c.bpmn")
-    (tmp_path / "g.yaml").write_text((CONFIG % "\n".join(f"          {k}: {v}" for k, v in GOOD.items()))
-                                     .replace("timeout: 300ms", "timeout: 600ms"))
+    gateway(tmp_path, lines(GOOD), timeout="600ms")
     with pytest.raises(ConfigError, match=r"routes\[0\]\.erp\.timeout.*twice it must stay below"):
         load_file(tmp_path / "g.yaml")

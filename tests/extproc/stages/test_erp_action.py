@@ -6,7 +6,6 @@ refusal's answer (409 naming the position and the enabled actions, 422, 502) wit
 
 from __future__ import annotations
 
-import shutil
 import threading
 
 import httpx
@@ -17,25 +16,10 @@ from extproc.config.loader import load_file
 from extproc.stack import free_port
 from extproc.stages.erp_action import ErpAction
 from extproc.types import HttpMessage, Mutate, Phase, Reject, RequestState
-from tests.conftest import REPO
 from tests.e2e.erp_service import serve
+from tests.extproc.erp_gateway import erp_route, write_erp_gateway
 
-CONFIG = """\
-apiVersion: adapter.ai/v1
-kind: AdapterGateway
-metadata: {name: erp}
-spec:
-  backends: [{name: llm, kind: openai, endpoints: ["127.0.0.1:9001"], models: [m]}]
-  routes:
-    - path: /erp
-      kind: erp
-      target: llm
-      policy: {maxBodyBytes: 300}
-      erp:
-        process: o2c.bpmn
-        service: http://127.0.0.1:%(port)d
-        timeout: 300ms
-        operations:
+OPERATIONS = """\
           Task_CheckCredit: {path: '/orders/{instance}/credit-check'}
           Task_ReserveStock:
             path: '/orders/{instance}/reservations'
@@ -47,23 +31,23 @@ spec:
           Task_RejectOrder: {path: '/orders/{instance}/rejection'}
           Task_ShipOrder: {path: '/orders/{instance}/shipments'}
           Task_CreateInvoice: {path: '/orders/{instance}/invoices'}
-          Task_CloseOrder: {path: '/orders/{instance}/close'}
-    - path: /erp-brief
-      kind: erp
-      target: llm
-      transform: '{"order": $.instance, "did": $.action, "next": $.enabled, "asked": $.input.message}'
-      erp:
-        process: o2c.bpmn
-        service: http://127.0.0.1:%(port)d
-        timeout: 300ms
-        operations:
+          Task_CloseOrder: {path: '/orders/{instance}/close'}"""
+BRIEF_OPERATIONS = """\
           Task_CheckCredit: {path: '/orders/{instance}/credit-check'}
           Task_ReserveStock: {path: '/orders/{instance}/reservations'}
           Task_RejectOrder: {path: '/orders/{instance}/rejection'}
           Task_ShipOrder: {path: '/orders/{instance}/shipments'}
           Task_CreateInvoice: {path: '/orders/{instance}/invoices'}
-          Task_CloseOrder: {path: '/orders/{instance}/close'}
-"""
+          Task_CloseOrder: {path: '/orders/{instance}/close'}"""
+
+
+def gateway(folder, port: int):
+    """g.yaml in `folder` (beside o2c.bpmn): the erp routes /erp and /erp-brief, the ERP service on `port`."""
+    service = f"http://127.0.0.1:{port}"
+    return write_erp_gateway(
+        folder, erp_route("/erp", service, OPERATIONS, extra="      policy: {maxBodyBytes: 300}\n"),
+        erp_route("/erp-brief", service, BRIEF_OPERATIONS, extra="      transform: '{\"order\": $.instance, \"did\": "
+                  "$.action, \"next\": $.enabled, \"asked\": $.input.message}'\n"))
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +65,7 @@ def erp():
 @pytest.fixture(scope="module")
 def snap(tmp_path_factory, erp):
     d = tmp_path_factory.mktemp("erp")
-    shutil.copy(REPO / "examples" / "erp" / "order-to-cash.bpmn", d / "o2c.bpmn")
-    (d / "g.yaml").write_text(CONFIG % {"port": erp.server_port})
-    return load_file(d / "g.yaml")
+    return load_file(gateway(d, erp.server_port))
 
 
 def order(erp, **fields) -> str:
@@ -257,9 +239,7 @@ async def test_an_unknown_position_or_an_unreachable_service_is_502(snap, erp, t
     oid = order(erp, position=["Task_Gone"])
     v = await ask(ErpAction(), state(snap), {"instance": oid})
     assert isinstance(v, Reject) and (v.status, v.code) == (502, "erp_bad_state") and "Task_Gone" in v.message
-    shutil.copy(REPO / "examples" / "erp" / "order-to-cash.bpmn", tmp_path / "o2c.bpmn")
-    (tmp_path / "g.yaml").write_text(CONFIG % {"port": free_port()})
-    down = load_file(tmp_path / "g.yaml")
+    down = load_file(gateway(tmp_path, free_port()))
     v = await ask(ErpAction(), state(down), {"instance": "SO-1"})
     assert isinstance(v, Reject) and (v.status, v.code) == (502, "erp_unavailable")
 
