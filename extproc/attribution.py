@@ -4,12 +4,17 @@ What: on a route with `serverTiming` (docs/attribution.md), every request gets a
 (`state.attrs[TIMING_ATTR]`) that the stream feeds once per ext_proc message (`Timing.add`). The
 components (the `component` label of `adapter_processor_latency_seconds{route,component}` and the
 `Server-Timing` metric names):
-- `envoy`: Envoy's time on the request outside the processor: from Envoy's `request.time` attribute
-  (the request's first byte; asked of Envoy with the request headers when some route has `serverTiming`)
-  to the processor taking the request headers (listener, HCM, jwt_authn, the ext_proc gRPC hop), plus
-  the gaps between the processor's reply to one request phase and the next request message (Envoy
-  reading and buffering the body, the gRPC hop again). Wall clocks of Envoy and the processor for the
-  first part: exact on one host, off by the clocks' difference across hosts (dropped when negative).
+- `envoy`: in the metrics, Envoy's whole share from its own access-log entry (`envoy_share`): the request's
+  time in Envoy (first byte to the last byte sent to the client) during which neither the processor was
+  working on one of its messages nor the upstream had the request (Envoy's filters, the ext_proc gRPC hop
+  both ways, waiting for the client's body, the router and connection setup, sending to the client). A
+  request asks for its entry with `adapter.timing` (its token) in its first reply; extproc/feedback.py
+  hands the entry to `AttributionObserver.envoy_entry`, which joins it with the request's spans in either
+  order. In the header (sent before the entry exists): Envoy's part before the processor's last
+  request-phase reply, from Envoy's `request.time` attribute (the request's first byte) to the processor
+  taking the request headers, plus the gaps between the processor's reply to one request phase and the
+  next request message. Wall clocks of Envoy and the processor: exact on one host, off by the clocks'
+  difference across hosts (dropped, or 0, when negative).
 - `processor_request_headers`, `processor_request_body`, `processor_response_headers`,
   `processor_response_body`: processor time per phase (all messages of the phase, decode to encode).
 - `queue`: time the request waited in the gateway before dispatch. The gateway has no queue (admission
@@ -18,17 +23,16 @@ components (the `component` label of `adapter_processor_latency_seconds{route,co
   tenant agent's eBPF snapshot (`ebpf/snapshot.py`, the same table `rtt-scorer` reads: the window mean,
   else the last srtt); absent when the agent is not running, its snapshot is stale, or it has not seen
   the endpoint.
-- `upstream_ttfb`: from the processor's last request-phase reply (the request released to the router) to
-  the first response message the processor receives: Envoy's router, connection, the network both ways,
-  the engine's queue and (unstreamed) its whole generation, and Envoy handing the headers to ext_proc.
-- `upstream_first_token`: streamed answers only (the client asked for a stream): the same start to the
-  first response body chunk with bytes, an SSE stream's first event, which engines send once the prefill
-  produced the first token (vLLM's first event carries the role, with the first token); TTFT as the
-  gateway sees it. An unstreamed answer's first body chunk is its whole body: not a first token.
-What could not be measured: Envoy's own time after the processor's reply (router, upstream connection
-setup) and before it forwards response messages to the processor is inside the upstream components; Envoy's
-time after the last response message (sending to the client) is not seen at all: the ext_proc filter
-exposes no per-request timings to the processor, and `request.duration` is known only at the end.
+- `upstream_ttfb`: metrics: Envoy's first byte sent upstream to its first byte received (from the entry);
+  header: the processor's last request-phase reply to the first response message it receives (Envoy's
+  router, connection, the network both ways, the engine's queue and, unstreamed, its whole generation).
+- `upstream_first_token`: streamed answers only (the client asked for a stream): from the first byte sent
+  upstream (the entry) to the processor's receipt of the first response body chunk with bytes, an SSE
+  stream's first event, which engines send once the prefill produced the first token (vLLM's first event
+  carries the role, with the first token); TTFT as the gateway sees it. An unstreamed answer's first body
+  chunk is its whole body: not a first token.
+Without the entry within JOIN_TTL (an Envoy without our access loggers, e.g. an Istio gateway), these three
+are recorded from the processor's view (the header's definitions). The ext_proc gRPC hop is inside `envoy`.
 The header: added at response headers (one hook at the end of the route's pipeline; the phase is asked
 of Envoy only on these routes: on `openai` routes, whose streamed responses otherwise skip it, this is one
 more round trip before the first byte). It carries what is known then: `envoy`, the request phases, `queue`,
@@ -39,19 +43,24 @@ request whose verified tenant is listed or that carries the configured header, g
 Why: §4.1 of the brief attributes latency to network RTT, the engine and the gateway; an operator needs
 the split per request (the header) and per route over time (the histograms, `adapterctl attribution`).
 Cost: routes without `serverTiming` pay one `is None` check per message; with it, a few float
-additions per message, two clock reads per request phase, and at `on_done` up to nine buffered
-observations.
+additions and a span per message, two clock reads per request phase, one access-log entry per request
+(batched by Envoy, parsed and joined in the worker), and up to nine buffered observations.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from extproc.types import Outcome, Phase, RequestState
 
 TIMING_ATTR = "attribution.timing"
+TIMING_METADATA_KEY = "timing"  # adapter.timing: the token, in the first reply of a request whose entry is wanted
+LATE_SPANS = 16  # response-phase spans kept for Envoy's share (the last ones: after the upstream's last byte)
+JOIN_TTL = 10.0  # seconds a request (or an entry) waits for its other half in `EnvoyJoin`
+ENVOY_COMPONENTS = ("envoy", "upstream_ttfb", "upstream_first_token")  # observed from Envoy's entry when it comes
 REQUEST_TIME_ATTR = "request.time"  # the Envoy attribute asked for on routes with serverTiming
 HEADER = "server-timing"
 COMPONENTS = ("envoy", "processor_request_headers", "processor_request_body", "processor_response_headers",
@@ -98,7 +107,8 @@ def envoy_time(value: Any) -> float | None:
 class Timing:
     """One request's attribution: fed by the stream (`add`), read by the header hook and `on_done`."""
 
-    __slots__ = ("spec", "processor", "envoy", "gaps", "released", "started_wall", "trusted_header", "_end")
+    __slots__ = ("spec", "processor", "envoy", "gaps", "released", "started_wall", "trusted_header", "_end",
+                 "spans", "late", "perf_epoch", "mono_epoch", "envoy_expected")
 
     def __init__(self, spec: Any):
         self.spec = spec  # the route's ServerTimingSpec
@@ -109,12 +119,22 @@ class Timing:
         self.released: float | None = None  # monotonic: the last request-phase reply
         self.started_wall: float | None = None  # epoch: Envoy's first byte (request.time), else None
         self.trusted_header = False  # the request carried spec.header
+        # for Envoy's share (`envoy_share`): the processor's busy spans as epoch (start, end), request phases
+        # all, response phases the last LATE_SPANS (earlier ones lie inside the upstream's window)
+        self.spans: list[tuple[float, float]] = []
+        self.late: deque[tuple[float, float]] = deque(maxlen=LATE_SPANS)
+        now = time.time()
+        self.perf_epoch = now - time.perf_counter()  # epoch = perf_counter + perf_epoch
+        self.mono_epoch = now - time.monotonic()  # epoch = monotonic + mono_epoch
+        self.envoy_expected = False  # the first reply asked Envoy's access log for this request's entry
 
     def add(self, msg: Any, t0: float, dt: float) -> None:
         """One ext_proc message took the processor `dt` seconds from `t0` (perf_counter)."""
         phase = msg.phase
         self.processor[PHASE_COMPONENT[phase]] += dt
+        start = t0 + self.perf_epoch
         if phase in _REQUEST_PHASES:
+            self.spans.append((start, start + dt))
             self.released = time.monotonic()
             if self._end is not None and t0 > self._end:
                 self.gaps += t0 - self._end
@@ -129,6 +149,16 @@ class Timing:
                 header = self.spec.header
                 if header is not None and msg.headers and msg.headers.get(header) is not None:
                     self.trusted_header = True
+        else:
+            self.late.append((start, start + dt))
+
+    def metadata(self, state: RequestState, metadata: dict[str, dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+        """The first reply's dynamic metadata plus `adapter.timing` (the request's token, which starts with the
+        worker index): the access logger of this worker (`envoy_render.access_loggers`) sends its entry here."""
+        self.envoy_expected = True
+        out = dict(metadata) if metadata else {}
+        out["adapter"] = {**out.get("adapter", {}), TIMING_METADATA_KEY: state.token}
+        return out
 
     def trusted(self, state: RequestState) -> bool:
         spec = self.spec
@@ -140,7 +170,9 @@ class Timing:
                                        and state.tenant in state.snapshot.tenants_by_id)
 
     def components(self, state: RequestState, rtt: "RttLookup | None") -> dict[str, float]:
-        """Seconds per component known now (absent: not measured for this request)."""
+        """Seconds per component known now, as the processor saw them (absent: not measured for this request).
+        `envoy` here is only Envoy's part before the processor's last request-phase reply (the header's);
+        `envoy_share` gives the whole share once Envoy's access-log entry has come."""
         out: dict[str, float] = {}
         if self.envoy is not None or self.gaps > 0.0:
             out["envoy"] = (self.envoy or 0.0) + self.gaps
@@ -278,23 +310,148 @@ def pipeline_builder(build: Any) -> Any:
     return build_with_timing
 
 
+class EnvoyMarks(NamedTuple):
+    """Envoy's own timings of one request, from its access-log entry: `start` epoch seconds (the downstream
+    request's first byte), the rest seconds from it (None when Envoy did not report it)."""
+
+    start: float
+    end: float | None  # the last byte sent to the client (else the stream's duration)
+    upstream_tx: float | None  # the first byte sent upstream
+    upstream_rx: float | None  # the first byte received from upstream
+    upstream_end: float | None  # the last byte received from upstream
+
+
+def envoy_marks(entry: Any) -> EnvoyMarks | None:
+    """The EnvoyMarks of an HTTPAccessLogEntry (None without a start time)."""
+    cp = entry.common_properties
+    has = cp.HasField
+    if not has("start_time"):
+        return None
+
+    def offset(name: str) -> float | None:
+        if not has(name):
+            return None
+        d = getattr(cp, name)
+        return d.seconds + d.nanos / 1e9
+
+    end = offset("time_to_last_downstream_tx_byte")
+    return EnvoyMarks(cp.start_time.seconds + cp.start_time.nanos / 1e9,
+                      end if end is not None else offset("duration"), offset("time_to_first_upstream_tx_byte"),
+                      offset("time_to_first_upstream_rx_byte"), offset("time_to_last_upstream_rx_byte"))
+
+
+def _covered(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi] covered by the union of `spans`."""
+    total, reach = 0.0, lo
+    for a, b in sorted(spans):
+        a, b = max(a, reach), min(b, hi)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
+
+
+def envoy_share(timing: Timing, marks: EnvoyMarks, first_body: float | None, streamed: bool) -> dict[str, float]:
+    """The components Envoy's entry measures (seconds):
+    - `envoy`: the request's whole time in Envoy (its first byte to the last byte sent to the client) during
+      which neither the processor was working on one of its messages nor the upstream had the request (from
+      the first byte sent upstream to the last byte received; to the end when none came): Envoy's filters,
+      the ext_proc gRPC hop both ways, waiting for the client's body, the router and connection setup,
+      handing response data to ext_proc, sending to the client;
+    - `upstream_ttfb`: the first byte sent upstream to the first byte received (the network both ways, the
+      engine's queue and prefill; unstreamed, its whole generation);
+    - `upstream_first_token` (streamed answers): the first byte sent upstream to the processor's receipt of
+      the first response body chunk with bytes (`first_body`, epoch)."""
+    out: dict[str, float] = {}
+    if marks.end is None:
+        return out
+    lo = marks.start
+    hi = lo + marks.end
+    spans = [*timing.spans, *timing.late]
+    tx = marks.upstream_tx
+    if tx is not None:
+        last = marks.upstream_end if marks.upstream_end is not None else marks.end
+        spans.append((lo + tx, lo + last))
+    out["envoy"] = max(0.0, (hi - lo) - _covered(spans, lo, hi))
+    if tx is not None and marks.upstream_rx is not None and marks.upstream_rx >= tx:
+        out["upstream_ttfb"] = marks.upstream_rx - tx
+        if streamed and first_body is not None and first_body >= lo + tx:
+            out["upstream_first_token"] = first_body - (lo + tx)
+    return out
+
+
 class AttributionObserver:
     """Lifecycle observer: one observation per measured component into
-    `adapter_processor_latency_seconds{route,component}` (buffered in `pending`)."""
+    `adapter_processor_latency_seconds{route,component}` (buffered in `pending`). For a request whose
+    first reply asked for Envoy's access-log entry (`Timing.metadata`), `envoy`, `upstream_ttfb` and
+    `upstream_first_token` are observed from that entry (`envoy_share`) when both it and the request's end
+    are here (`envoy_entry`, fed by extproc/feedback.py, joins them in either order); an entry that does not
+    come within JOIN_TTL leaves the processor's own view of the three (`Timing.components`)."""
 
     def __init__(self, metrics: Any, pending: Any, child: Any):
         self.metrics = metrics
         self.pending = pending
         self.child = child
+        # token -> (deadline, route, timing, first body epoch, streamed, the processor's view of ENVOY_COMPONENTS)
+        self._requests: dict[str, tuple[float, str, Timing, float | None, bool, dict[str, float]]] = {}
+        self._entries: dict[str, tuple[float, EnvoyMarks]] = {}  # token -> (deadline, marks): came first
+        self.joined = 0
+        self.expired = 0  # requests whose entry never came (their processor-view values were observed)
+
+    def _observe(self, route: str, components: dict[str, float]) -> None:
+        metric, child, pending = self.metrics.latency, self.child, self.pending
+        for name, value in components.items():
+            pending.observe(child(metric, route, name), value)
 
     def __call__(self, state: RequestState, outcome: Outcome) -> None:
         timing = state.attrs.get(TIMING_ATTR)
         if timing is None or state.route is None:
             return
         route = state.route.name
-        metric, child, pending = self.metrics.latency, self.child, self.pending
-        for name, value in timing.components(state, rtt_lookup(state)).items():
-            pending.observe(child(metric, route, name), value)
+        components = timing.components(state, rtt_lookup(state))
+        if timing.envoy_expected and state.token:
+            fallback = {k: components.pop(k) for k in ENVOY_COMPONENTS if k in components}
+            first_body = state.first_body + timing.mono_epoch if state.first_body is not None else None
+            streamed = bool(state.request is not None and getattr(state.request, "stream", False))
+            entry = self._entries.pop(state.token, None)
+            if entry is not None:
+                self.joined += 1
+                self._observe(route, envoy_share(timing, entry[1], first_body, streamed))
+            else:
+                self._requests[state.token] = (time.monotonic() + JOIN_TTL, route, timing, first_body, streamed,
+                                               fallback)
+            self._sweep()
+        self._observe(route, components)
+
+    def envoy_entry(self, token: str, entry: Any) -> None:
+        """Envoy's access-log entry of a request whose first reply carried `adapter.timing` = `token`."""
+        marks = envoy_marks(entry)
+        if marks is None:
+            return
+        parked = self._requests.pop(token, None)
+        if parked is not None:
+            _, route, timing, first_body, streamed, _ = parked
+            self.joined += 1
+            self._observe(route, envoy_share(timing, marks, first_body, streamed))
+        else:
+            self._entries[token] = (time.monotonic() + JOIN_TTL, marks)
+        self._sweep()
+
+    def _sweep(self, now: float | None = None) -> None:
+        """Drop what waited JOIN_TTL (insertion order is deadline order): a request observes its fallback."""
+        now = time.monotonic() if now is None else now
+        while self._requests:
+            token, (deadline, route, _, _, _, fallback) = next(iter(self._requests.items()))
+            if deadline > now:
+                break
+            del self._requests[token]
+            self.expired += 1
+            self._observe(route, fallback)
+        while self._entries:
+            token, (deadline, _) = next(iter(self._entries.items()))
+            if deadline > now:
+                break
+            del self._entries[token]
 
 
 def check_route(spec: Any, kind: str, reads_response: bool, tenant_ids: set[str]) -> list[tuple[tuple, str]]:
@@ -313,4 +470,5 @@ def check_route(spec: Any, kind: str, reads_response: bool, tenant_ids: set[str]
 
 
 __all__ = ["Timing", "ServerTimingStage", "AttributionObserver", "RttLookup", "header_value", "envoy_time",
-           "start", "pipeline_builder", "check_route", "COMPONENTS", "TIMING_ATTR", "HEADER"]
+           "start", "pipeline_builder", "check_route", "envoy_marks", "envoy_share", "EnvoyMarks", "COMPONENTS",
+           "TIMING_ATTR", "TIMING_METADATA_KEY", "HEADER"]

@@ -532,16 +532,25 @@ def route_configuration(snap: Snapshot) -> dict[str, Any]:
     return {"name": ROUTE_CONFIG_NAME, "virtual_hosts": [{"name": snap.name, "domains": ["*"], "routes": entries}]}
 
 
-def access_loggers(workers: int) -> list[dict[str, Any]]:
-    """One gRPC access logger per worker, each filtered to the requests that worker served
-    (dynamic metadata `adapter.worker` == "<i>", set by the worker's first reply)."""
+def access_loggers(workers: int, feedback: bool = True, timing: bool = False) -> list[dict[str, Any]]:
+    """One gRPC access logger per worker, each filtered to the requests that worker asked for:
+    `feedback`, the dynamic metadata `adapter.worker` == "<i>" (set by the first reply of a request whose
+    end only the access log reports, extproc/feedback.py); `timing`, `adapter.timing` starting with "<i>."
+    (a serverTiming request's token, extproc/attribution.py: Envoy's own timings for its latency share)."""
+    def matcher(key: str, match: dict[str, str]) -> dict[str, Any]:
+        return {"metadata_filter": {
+            "matcher": {"filter": "adapter", "path": [{"key": key}], "value": {"string_match": match}},
+            "match_if_key_not_found": False,
+        }}
+
+    def log_filter(i: int) -> dict[str, Any]:
+        filters = ([matcher(WORKER_METADATA_KEY, {"exact": str(i)})] if feedback else []) + \
+            ([matcher("timing", {"prefix": f"{i}."})] if timing else [])
+        return filters[0] if len(filters) == 1 else {"or_filter": {"filters": filters}}
+
     return [{
         "name": "envoy.access_loggers.http_grpc",
-        "filter": {"metadata_filter": {
-            "matcher": {"filter": "adapter", "path": [{"key": WORKER_METADATA_KEY}],
-                        "value": {"string_match": {"exact": str(i)}}},
-            "match_if_key_not_found": False,
-        }},
+        "filter": log_filter(i),
         "typed_config": {
             "@type": _T + "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
             "common_config": {
@@ -624,8 +633,10 @@ def http_connection_manager(snap: Snapshot, workers: int, rds: dict[str, Any] | 
         hcm["route_config"] = route_configuration(snap)
     else:
         hcm["rds"] = {"route_config_name": ROUTE_CONFIG_NAME, "config_source": rds}
-    if proc.feedback == "accessLog":  # how each request's end reaches its worker (extproc/feedback.py)
-        hcm["access_log"] = access_loggers(workers)
+    timing = any(r.server_timing is not None for r in snap.routes.values())
+    if proc.feedback == "accessLog" or timing:  # how each request's end reaches its worker (extproc/feedback.py),
+        # and Envoy's own timings of serverTiming requests (extproc/attribution.py)
+        hcm["access_log"] = access_loggers(workers, feedback=proc.feedback == "accessLog", timing=timing)
     trace = tracing(snap)
     if trace is not None:
         hcm["tracing"] = trace

@@ -9,7 +9,9 @@ route, at 100 ms +1.5%: perf/RESULTS.md). Each entry's
 `adapter.token` finds the request in the `Lifecycle`, which fires `on_done` with a `Completion`:
 status, response flags, the endpoint that served (`upstream_remote_address`: the endpoint-picker
 protocol's "served" feedback), the upstream cluster, time to the upstream's first byte, time to
-the last byte sent, duration.
+the last byte sent, duration. Entries that carry `adapter.timing` (requests of routes with
+`serverTiming`, extproc/attribution.py) go to the lifecycle's `timing_sink` as well: Envoy's own
+timings for the latency attribution's `envoy` share.
 Why: routes whose ext_proc stream ends at request headers (passthrough, kserve) would otherwise
 never learn how their requests ended, and adding response phases would cost a round trip on
 every request; the access log costs Envoy a few microseconds and the processor one protobuf parse
@@ -77,7 +79,14 @@ class AccessLogFeedback:
         """One StreamAccessLogsMessage: every HTTP entry to the lifecycle (metrics counted per message)."""
         lc = self.lifecycle
         results: dict[str, int] = {}
+        sink = lc.timing_sink
         for entry in message.http_logs.log_entry:
+            if sink is not None:  # latency attribution: Envoy's own timings of a serverTiming request
+                md = entry.common_properties.metadata.filter_metadata.get("adapter")
+                timing = md.fields.get("timing") if md is not None else None
+                if timing is not None:
+                    sink(timing.string_value, entry)
+                    results["timing"] = results.get("timing", 0) + 1
             token, completion = completion_of(entry)
             self.entries += 1
             if not token:

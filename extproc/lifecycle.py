@@ -117,6 +117,9 @@ class Lifecycle:
         self._orphans: dict[str, tuple[float, Completion]] = {}  # entries that came before their stream
         self.done_count = 0
         self.late_entries = 0  # access-log entries for requests already done (deadline passed)
+        # entries of requests whose first reply carried adapter.timing (latency attribution,
+        # extproc/attribution.py: AttributionObserver.envoy_entry), called with (token, entry)
+        self.timing_sink: Callable[[str, Any], None] | None = None
 
     def metadata(self, state: RequestState) -> dict[str, dict[str, Any]]:
         """Dynamic metadata for the stream's first reply: how Envoy's access log finds this worker."""

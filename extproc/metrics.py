@@ -22,7 +22,7 @@ buffers its updates (`Pending`) and writes them every 250 ms, so a request costs
 | adapter_processor_admission_total | counter | tenant, result (admitted, rejected, stale) |
 | adapter_processor_config_mismatch_total | counter | (streams refused: Envoy's config digest unknown to the worker) |
 | adapter_processor_upstream_first_byte_seconds | histogram | route, backend (time to the backend's first byte: TTFT for streams; from Envoy's access log, or the ext_proc stream on routes that read the response) |
-| adapter_processor_feedback_entries_total | counter | result (matched, late, orphan): Envoy access-log entries received |
+| adapter_processor_feedback_entries_total | counter | result (matched, late, orphan: a request's end; timing: a serverTiming request's entry for latency attribution): Envoy access-log entries received |
 | adapter_processor_scheduler_decision_duration_seconds | histogram | profile (one scheduling profile's whole decision) |
 | adapter_processor_scheduler_plugin_duration_seconds | histogram | profile, plugin, slot (filter, scorer, picker): each plugin call in a profile |
 | adapter_processor_scheduler_plugin_errors_total | counter | profile, plugin, slot (plugin calls that raised and were skipped: a filter keeps all, a scorer adds 0) |

@@ -163,8 +163,9 @@ class ExtProcService:
         self.runtime = runtime if runtime is not None else Runtime()
         self.runtime.lifecycle.observers.append(self.observer)
         self.runtime.lifecycle.observers.append(GenAiObserver(metrics, self.observer.pending, self.observer.child))
-        self.runtime.lifecycle.observers.append(attribution.AttributionObserver(metrics, self.observer.pending,
-                                                                                self.observer.child))
+        attributing = attribution.AttributionObserver(metrics, self.observer.pending, self.observer.child)
+        self.runtime.lifecycle.observers.append(attributing)
+        self.runtime.lifecycle.timing_sink = attributing.envoy_entry  # Envoy's access log feeds its envoy share
         self.runtime.metrics_sink = self.observer  # scheduling profiles time their plugins into `pending`
         if self.runtime.installed is None:
             self.runtime.install(config.current)
@@ -232,6 +233,7 @@ class ExtProcService:
         last_phase = pipeline.last if pipeline is not None else None
         feedback = (lifecycle.feedback and snap.processor.feedback == "accessLog" and pipeline is not None
                     and not pipeline.reads_response)
+        timing_feedback = lifecycle.feedback and lifecycle.timing_sink is not None
         # spec.tracing on (extproc/tracing.py): the stream's spans, parented on Envoy's traceparent; off: None
         tracing = self.runtime.tracing
         trace = tracing.stream(context.invocation_metadata(), state) if tracing is not None else None
@@ -282,6 +284,9 @@ class ExtProcService:
                 # (routes reading no response phase) and that the processor did not answer itself
                 metadata = lifecycle.metadata(state) if (feedback and not state.token_sent and not
                                                          isinstance(verdict, (Reject, Respond))) else None
+                if timing is not None and timing_feedback and not timing.envoy_expected and \
+                        not isinstance(verdict, (Reject, Respond)):  # Envoy's entry, for its latency share
+                    metadata = timing.metadata(state, metadata)
                 resp = codec.encode(phase, verdict, dialect, label, state.request_id, metadata)
                 dt = time.perf_counter() - t0
                 busy += dt

@@ -151,9 +151,60 @@ def test_metrics_split_by_route_and_component(gateway):
     chat(gateway, "acme", SHORT)
     chat(gateway, "acme", SHORT, stream=True)
     wait_metric(url, LATENCY + "_count", n + 2, timeout=10, route="v1-chat-completions", component="queue")
+    # envoy, upstream_ttfb and upstream_first_token come with Envoy's access-log entry (flushed every 100 ms)
+    wait_metric(url, LATENCY + "_count", 1, timeout=10, route="v1-chat-completions", component="upstream_first_token")
     for component in ("envoy", "processor_request_headers", "processor_request_body", "processor_response_headers",
                       "processor_response_body", "queue", "upstream_ttfb", "upstream_first_token"):
         assert metric_sum(url, LATENCY + "_count", route="v1-chat-completions", component=component) >= 1, component
+
+
+def test_envoys_share_is_measured_by_envoy_and_holds_the_time_envoy_waited_for_the_clients_body(gateway):
+    """Envoy's share of a request (from its access-log entry: its whole time minus the processor's spans and
+    the upstream's window) holds what happens in Envoy alone. A client that sends its headers and then its
+    body 0.5 s later makes Envoy wait for the body before the processor's body phase and before the upstream
+    gets anything: that wait is in `envoy` (less the processor's header phase, which runs meanwhile), and it
+    is not in the upstream's first byte."""
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    url = gateway.processor_admin_url + "/metrics"
+    route = "v1-analyze"
+    components = ("envoy", "processor_request_headers", "upstream_ttfb")
+
+    def measured(send) -> dict[str, float]:
+        before = {c: metric_sum(url, LATENCY + "_sum", route=route, component=c) for c in components}
+        n = metric_sum(url, LATENCY + "_count", route=route, component="envoy")
+        send()
+        wait_metric(url, LATENCY + "_count", n + 1, timeout=10, route=route, component="envoy")
+        wait_metric(url, LATENCY + "_count", n + 1, timeout=10, route=route, component="upstream_ttfb")
+        return {c: metric_sum(url, LATENCY + "_sum", route=route, component=c) - before[c] for c in components}
+
+    def slow_client() -> None:
+        body = json.dumps({"query": SHORT}).encode()
+        target = urlparse(gateway.url)
+        with socket.create_connection((target.hostname, target.port), timeout=30) as s:
+            s.sendall(f"POST /v1/analyze HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                      f"x-tenant-id: globex\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+            time.sleep(0.5)
+            s.sendall(body)
+            reply = b""
+            while chunk := s.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+
+    def fast_client() -> None:
+        r = httpx.post(gateway.url + "/v1/analyze", json={"query": SHORT}, headers={"x-tenant-id": "globex"},
+                       timeout=30)
+        assert r.status_code == 200, r.text
+
+    entries = metric_sum(url, "adapter_processor_feedback_entries_total", result="timing")
+    slow, fast = measured(slow_client), measured(fast_client)
+    # both requests' entries reached the worker that served them (the per-worker access loggers' filter)
+    assert metric_sum(url, "adapter_processor_feedback_entries_total", result="timing") >= entries + 2
+    assert slow["envoy"] + slow["processor_request_headers"] >= 0.5
+    assert fast["envoy"] < slow["envoy"]
+    assert all(v >= 0 for v in (*slow.values(), *fast.values()))
 
 
 def test_network_rtt_comes_from_the_tenant_agents_snapshot_for_the_endpoint_that_served(gateway):

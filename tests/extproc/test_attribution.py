@@ -255,3 +255,113 @@ async def test_envoy_time_before_the_processor_comes_from_the_request_time_attri
             assert d["envoy"] >= 250.0 and d["total"] >= d["envoy"]
         else:
             assert timing.envoy is None  # negative: Envoy's clock is ahead; not claimed
+
+
+def _entry(token: str, start: float, **offsets: float):
+    """An HTTPAccessLogEntry as Envoy's gRPC access logger sends it: adapter.timing, the start time and the
+    offsets (seconds from the start) named as common_properties' fields."""
+    from envoy.data.accesslog.v3 import accesslog_pb2
+    from envoy.service.accesslog.v3 import als_pb2
+
+    msg = als_pb2.StreamAccessLogsMessage()
+    entry = msg.http_logs.log_entry.add()
+    cp = entry.common_properties
+    cp.metadata.filter_metadata["adapter"].fields["timing"].string_value = token
+    cp.start_time.seconds, cp.start_time.nanos = int(start), int(round((start % 1) * 1e9))
+    for name, value in offsets.items():
+        d = getattr(cp, name)
+        d.seconds, d.nanos = int(value), int(round((value % 1) * 1e9))
+    entry.response.response_code.value = 200
+    return msg
+
+
+def timing_service(cfg: Path):
+    from extproc.runtime import Runtime
+
+    registry = CollectorRegistry()
+    svc = ExtProcService(ConfigRef(load_file(cfg)), ProcessorMetrics(registry), runtime=Runtime(feedback=True))
+    states = []
+    svc.runtime.lifecycle.observers.append(lambda state, outcome: states.append(state))
+    return svc, registry, states
+
+
+def _sums(registry, stat: str = "sum") -> dict[str, float]:
+    return {dict(lab)["component"]: v
+            for lab, v in collect(registry).series(f"adapter_processor_latency_seconds_{stat}").items()}
+
+
+async def test_envoys_share_comes_from_its_access_log_entry_outside_the_processor_and_the_upstream(tmp_path):
+    """The first reply asks Envoy's access log for the request's entry (adapter.timing = the token); the entry's
+    timings, joined with the processor's spans, give `envoy` = Envoy's whole time minus the union of the
+    processor's spans and the upstream's window, and `upstream_ttfb` from Envoy's upstream marks."""
+    from extproc.feedback import AccessLogFeedback
+
+    svc, registry, states = timing_service(write_config(tmp_path, "always"))
+    replies = await run(svc, ROUTE, recorded(LLM))
+    state = states[0]
+    meta = replies[0].dynamic_metadata.fields["adapter"].struct_value.fields
+    assert meta["timing"].string_value == state.token and state.token.startswith("0.")
+    assert all(not r.HasField("dynamic_metadata") or "timing" not in
+               r.dynamic_metadata.fields["adapter"].struct_value.fields for r in replies[1:])
+    svc.flush_metrics()
+    before = _sums(registry)
+    assert "envoy" not in before and "upstream_ttfb" not in before  # waiting for Envoy's entry
+    timing = state.attrs[attribution.TIMING_ATTR]
+    spans = [*timing.spans, *timing.late]
+    assert len(spans) == 4 and all(b >= a for a, b in spans)
+    busy = sum(b - a for a, b in spans)
+    assert busy == pytest.approx(sum(timing.processor.values()), abs=1e-6)
+    # Envoy had the request 0.5 s before the processor's first span; its upstream window lies after every
+    # span (1 s long, first byte after 0.2 s); the client got its last byte 0.4 s after the upstream's last
+    start = spans[0][0] - 0.5
+    tx = max(b for _, b in spans) - start + 0.3
+    AccessLogFeedback(svc.runtime.lifecycle, svc.metrics).handle(_entry(
+        state.token, start, time_to_first_upstream_tx_byte=tx, time_to_first_upstream_rx_byte=tx + 0.2,
+        time_to_last_upstream_rx_byte=tx + 1.0, time_to_last_downstream_tx_byte=tx + 1.4))
+    svc.flush_metrics()
+    after = _sums(registry)
+    total = tx + 1.4
+    assert after["envoy"] == pytest.approx(total - busy - 1.0, abs=1e-5)
+    assert after["upstream_ttfb"] == pytest.approx(0.2, abs=1e-5)
+    assert _sums(registry, "count")["envoy"] == 1
+
+
+def test_envoy_share_is_what_neither_the_processor_nor_the_upstream_covers():
+    t = attribution.Timing(spec=None)
+    t.spans[:] = [(100.0, 100.1), (100.3, 100.35)]  # request headers, request body
+    t.late.extend([(100.9, 101.0), (101.5, 101.6)])  # a response message inside the upstream window, one after
+    marks = attribution.EnvoyMarks(start=99.9, end=1.9, upstream_tx=0.6, upstream_rx=0.8, upstream_end=1.4)
+    share = attribution.envoy_share(t, marks, first_body=100.95, streamed=True)
+    # covered: 0.1 + 0.05 + [100.5, 101.3] 0.8 + 0.1 = 1.05 of 1.9
+    assert share["envoy"] == pytest.approx(1.9 - 1.05)
+    assert share["upstream_ttfb"] == pytest.approx(0.2)
+    assert share["upstream_first_token"] == pytest.approx(100.95 - 100.5)
+    assert "upstream_first_token" not in attribution.envoy_share(t, marks, 100.95, streamed=False)
+    # no upstream (the processor answered, or Envoy's own reply): everything but the processor's spans
+    local = attribution.EnvoyMarks(start=99.9, end=1.9, upstream_tx=None, upstream_rx=None, upstream_end=None)
+    assert attribution.envoy_share(t, local, None, False) == {"envoy": pytest.approx(1.9 - 0.35)}
+    # the upstream never finished (a timeout): its window runs to the end
+    cut = marks._replace(upstream_end=None)
+    assert attribution.envoy_share(t, cut, None, False)["envoy"] == pytest.approx(0.6 - 0.15)
+
+
+async def test_an_entry_that_never_comes_leaves_the_processors_view(tmp_path):
+    svc, registry, states = timing_service(write_config(tmp_path, "always"))
+    await run(svc, ROUTE, recorded(LLM))
+    observer = next(o for o in svc.runtime.lifecycle.observers if isinstance(o, attribution.AttributionObserver))
+    observer._sweep(now=time.monotonic() + attribution.JOIN_TTL + 1)
+    svc.flush_metrics()
+    counts = _sums(registry, "count")
+    assert counts["upstream_ttfb"] == 1 and observer.expired == 1 and observer.joined == 0
+
+
+def test_access_loggers_send_serverTiming_entries_to_the_worker_in_the_token(tmp_path):
+    from extproc.envoy_render import access_loggers
+
+    (both,) = access_loggers(1, feedback=True, timing=True)
+    filters = both["filter"]["or_filter"]["filters"]
+    assert [f["metadata_filter"]["matcher"]["path"][0]["key"] for f in filters] == ["worker", "timing"]
+    assert filters[1]["metadata_filter"]["matcher"]["value"]["string_match"] == {"prefix": "0."}
+    (only,) = access_loggers(1, feedback=False, timing=True)
+    assert only["filter"]["metadata_filter"]["matcher"]["path"][0]["key"] == "timing"
+    assert access_loggers(2) == access_loggers(2, feedback=True, timing=False)  # unchanged without serverTiming
