@@ -36,6 +36,9 @@ What the generated config does:
   close idle below each backend kind's keep-alive and retire after 500 requests
   (`UPSTREAM_IDLE_TIMEOUT`, `UPSTREAM_MAX_REQUESTS_PER_CONNECTION`); endpoints refusing
   connections are ejected from the balancer (not from the processor's picks: retries move those);
+- `layered_runtime`: the Envoy runtime values in `RUNTIME` as a static layer, then an admin layer;
+  today `ext_proc_graceful_grpc_close`: Envoy half-closes each ext_proc stream and waits for the
+  worker's status instead of resetting it (issue 12 item 6, tests/e2e/test_envoy_runtime.py);
 - only websocket routes (`kind: websocket`, docs/websocket.md) accept upgrades (route-level
   `upgrade_configs`), with the route timeout off and the socket bounded by `websocket.idleTimeout`
   and `maxDuration`; their ext_proc sees the upgrade request's headers only;
@@ -693,11 +696,33 @@ def listener(snap: Snapshot, workers: int, rds: dict[str, Any] | None = None) ->
     }
 
 
+# Envoy runtime values every bootstrap sets (`layered_runtime`: this static layer, then an admin layer,
+# so `/runtime_modify` still works for an operator).
+RUNTIME: dict[str, Any] = {
+    # ext_proc side streams end with a half-close, and Envoy waits for the processor's status (at most
+    # envoy.filters.http.ext_proc.remote_close_timeout_milliseconds, 1 s by default) instead of resetting
+    # them (RST_STREAM). Opt-in since Envoy 1.34 (upstream's runtime_features.cc: FALSE_RUNTIME_GUARD) and
+    # still off in the 1.40 binary (tests/e2e/test_envoy_runtime.py: every stream reset without it). The worker ends its stream itself after the
+    # route's last phase (extproc/stream.py), but Envoy's reset could still beat that status and a reset
+    # during a pending read leaks in grpc.aio (grpc/grpc#43360, ~100 B a stream; issue 12 item 6); with
+    # a half-close the worker's read ends cleanly and its status always arrives.
+    "envoy.reloadable_features.ext_proc_graceful_grpc_close": True,
+}
+
+
+def layered_runtime(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The bootstrap's `layered_runtime`: RUNTIME (with `values` over it) as a static layer, then admin."""
+    return {"layers": [{"name": "adapter-gateway", "static_layer": {**RUNTIME, **(values or {})}},
+                       {"name": "admin", "admin_layer": {}}]}
+
+
 def bootstrap_base(snap: Snapshot) -> dict[str, Any]:
-    """What every bootstrap has: node, admin, the overload manager's connection limit."""
+    """What every bootstrap has: node, admin, the runtime values (RUNTIME), the overload manager's
+    connection limit."""
     return {
         "node": {"id": f"adapter-gateway-{snap.name}", "cluster": "adapter-gateway"},
         "admin": {"address": _addr(snap.admin.address, snap.admin.port)},
+        "layered_runtime": layered_runtime(),
         "overload_manager": {"resource_monitors": [{
             "name": "envoy.resource_monitors.global_downstream_max_connections",
             "typed_config": {
@@ -755,7 +780,7 @@ def render_yaml(snap: Snapshot, workers: int | None = None) -> str:
 
 __all__ = ["render", "render_yaml", "dump_yaml", "processing_mode", "route_configuration", "listener",
            "http_connection_manager", "backend_cluster", "load_assignment", "processor_cluster", "als_clusters",
-           "access_loggers", "tracing", "bootstrap_base", "worker_count", "processor_transport", "uses_eds", "is_ip", "PROCESSOR_CLUSTER",
+           "access_loggers", "tracing", "bootstrap_base", "layered_runtime", "RUNTIME", "worker_count", "processor_transport", "uses_eds", "is_ip", "PROCESSOR_CLUSTER",
            "ALS_CLUSTER_PREFIX", "HEALTH_ROUTE", "DESTINATION_HEADER", "LB_METADATA_NAMESPACE", "DIGEST_METADATA_KEY",
            "ROUTE_CONFIG_NAME", "LISTENER_NAME", "STAT_PREFIX", "upstream_retry_policy", "processor_retry_policy",
            "NEVER_SENT_RETRY_ON", "SENT_RETRY_ON", "IDEMPOTENT_KINDS", "UPSTREAM_IDLE_TIMEOUT",

@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="PATH",
                     help="load only these of the reliability routes' paths (repeatable; default all)")
     ap.add_argument("--envoy-runtime", action="append", default=[], metavar="KEY=VALUE",
-                    help="an Envoy runtime value for this run (a static layered_runtime layer; repeatable), e.g. "
-                         "envoy.reloadable_features.ext_proc_graceful_grpc_close=true")
+                    help="an Envoy runtime value for this run, over the rendered ones (extproc/envoy_render.py "
+                         "RUNTIME; repeatable), e.g. envoy.reloadable_features.ext_proc_graceful_grpc_close=false "
+                         "for the behaviour before it was rendered")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--key", default="lineno", choices=("lineno", "traceback", "filename"))
     ap.add_argument("--frames", type=int, default=1, help="frames kept per allocation (traceback needs more)")
@@ -107,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     br.rel = rel
     if args.envoy_runtime:
         from extproc import xds
+        from extproc.envoy_render import layered_runtime
 
         values = {k: {"true": True, "false": False}.get(v, v) for k, v in (a.split("=", 1) for a in args.envoy_runtime)}
         base_of = xds.bootstrap_base
-        xds.bootstrap_base = lambda snap: {**base_of(snap), "layered_runtime": {"layers": [
-            {"name": "memprobe", "static_layer": values}, {"name": "admin", "admin_layer": {}}]}}
+        xds.bootstrap_base = lambda snap: {**base_of(snap), "layered_runtime": layered_runtime(values)}
     made = br.make_stack
     br.make_stack = lambda config, workers=2, **kw: made(config, workers=1, **kw)  # one worker to trace
     procs = br.Procs()

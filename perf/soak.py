@@ -16,9 +16,10 @@ Errors: a failure is *expected* only if it is one of the kill's (a 503 `connecti
 gRPC error 13, httpx's LocalProtocolError for such a 503 sent while the body was still being
 written, or RemoteProtocolError for an openai stream cut mid-response, within 3 s after the kill, at most the 32 streams in flight); everything else is
 unexpected, and the exit status is 1 if there is any, or if a reload was refused.
-Writes perf/results/soak.json and appends a section to perf/RESULTS.md (machine, date, revision);
+Writes perf/results/soak.json (`--out PATH` another file) and appends a section to perf/RESULTS.md
+(machine, date, revision);
 `--note TEXT` is added to that section (e.g. that the machine was shared).
-Run: `.venv/bin/python perf/soak.py [--minutes 30] [--reload-every 30] [--note TEXT] [--no-write]`.
+Run: `.venv/bin/python perf/soak.py [--minutes 30] [--reload-every 30] [--note TEXT] [--out PATH] [--no-write]`.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reload-every", type=float, default=30.0, help="seconds between reloads")
     ap.add_argument("--note", default="", help="added to the RESULTS.md section")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--out", type=Path, default=OUT, help=f"the JSON written (default {OUT.relative_to(REPO)})")
     args = ap.parse_args(argv)
     br.rel = rel
     seconds = args.minutes * 60
@@ -152,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, m in memory.items():
         print(f"  {name:20s} {m['start']:>8} KiB -> {m['end']:>8} KiB (max {m['max']})")
     if not args.no_write:
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(doc, indent=1) + "\n")
+        out = args.out.absolute()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
         write_results(doc, args)
     return 0 if unexpected == 0 and refused == 0 and alive else 1
 
@@ -176,6 +179,13 @@ def memory_table(samples: list[dict], warmup: float) -> dict[str, dict]:
     return out
 
 
+def _shown(path: Path) -> str:
+    try:
+        return str(path.absolute().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
 def write_results(doc: dict, args: argparse.Namespace) -> None:
     argv = [a for a in sys.argv[1:] if a != "--no-write"]
     if "--note" in argv:  # the note is quoted in the text itself
@@ -190,7 +200,7 @@ def write_results(doc: dict, args: argparse.Namespace) -> None:
              f"- {doc['requests']} requests, {doc['failed']} failed: {doc['expected_failures_at_kill']} at the kill "
              f"(expected), {doc['unexpected_failures']} unexpected; {doc['reloads']} reloads "
              f"({doc['reloads_refused']} refused); worker 0 restarted {doc['worker0_restarts']}x; Envoy "
-             f"{'up' if doc['envoy_alive'] else 'DOWN'} at the end. perf/results/soak.json has the samples.\n",
+             f"{'up' if doc['envoy_alive'] else 'DOWN'} at the end. {_shown(args.out)} has the samples.\n",
              "| process | RSS start (KiB) | RSS end (KiB) | max | change |", "|---|---:|---:|---:|---:|"]
     for name, m in doc["memory_kib"].items():
         change = f"{100 * (m['end'] - m['start']) / m['start']:+.1f} %" if m["start"] and m["end"] else "–"
