@@ -58,7 +58,13 @@ def test_promtool_checks_the_rules_the_config_and_runs_the_rule_unit_tests():
 
 @needs_prometheus
 def test_a_real_prometheus_scraping_a_stack_evaluates_every_dashboard_query_and_alert(stack_factory, tmp_path):
-    st = stack_factory(CONFIG, simulate=frozenset({"vllm-finance", "vllm-general"}))
+    # the example config with latency attribution on its OpenAI route (metrics only), for the attribution panels
+    text = CONFIG.read_text()
+    route = "      kind: openai\n      targets: [vllm-finance, vllm-general]\n"
+    assert text.count(route) == 1
+    config_file = tmp_path / CONFIG.name
+    config_file.write_text(text.replace(route, route + "      serverTiming: metrics\n"))
+    st = stack_factory(config_file, simulate=frozenset({"vllm-finance", "vllm-general"}))
     client = openai.OpenAI(base_url=f"{st.url}/v1", api_key="unused", max_retries=0, timeout=30)
     for model in ("llama-3-8b", "qwen2.5-finance"):
         for _ in range(3):
@@ -96,8 +102,10 @@ scrape_configs:
                 ttft = query("gen_ai_server_time_to_first_token_seconds_count")
                 if ups.get("adapter-processor") == "1" and ups.get("adapter-envoy") == "1" and ttft:
                     # two scrapes after the requests: rate() over the series has two points
-                    if query("count_over_time(gen_ai_server_time_to_first_token_seconds_count[1m])")[0]["value"][1] \
-                            not in ("0", "1"):
+                    # (Envoy's share comes with its access-log entry, at most a flush interval later)
+                    if all(query(f"count_over_time({series}[1m])")[0]["value"][1] not in ("0", "1")
+                           for series in ("gen_ai_server_time_to_first_token_seconds_count",
+                                          'adapter_processor_latency_seconds_count{component="envoy"}')):
                         ready = True
                         break
             except (httpx.HTTPError, AssertionError, IndexError, KeyError):
@@ -108,10 +116,16 @@ scrape_configs:
         for title, expr in dashboard_queries():
             results[(title, expr)] = query(expr.replace("$__rate_interval", "1m").replace("$route", ".*"))
         with_data = {title for (title, _), res in results.items() if res}
+        # the attribution panels split by component, Envoy's share (from its access log) among them
+        (attribution,) = [res for (title, _), res in results.items()
+                          if title == "Latency attribution: mean per request by component"]
+        assert {"envoy", "processor_request_headers", "upstream_ttfb", "upstream_first_token"} <= \
+            {r["metric"]["component"] for r in attribution}, attribution
         for must in ("Requests/s by route and outcome", "Time to first token (p50, p99) by model",
                      "Tokens/s by type (estimated = gateway estimate)", "Requests/s by serving endpoint",
                      "Config generation: accepted, and workers per generation",
-                     "Envoy downstream requests/s by response class"):
+                     "Envoy downstream requests/s by response class",
+                     "Latency attribution: mean per request by component", "Latency attribution: p99 by component"):
             assert must in with_data, (must, sorted(with_data))
         # every alert rule loaded and evaluated without an error; none firing on a healthy stack
         def evaluated(rule: dict) -> bool:  # Prometheus reports a rule never evaluated at the zero time
