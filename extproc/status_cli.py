@@ -99,8 +99,17 @@ def backends_view(snap: Any, state_dir: str | None) -> list[dict[str, Any]]:
     return out
 
 
+def _quota(tenant: Any) -> dict[str, float] | None:
+    """The tenant's configured CPU quota (`spec.tenants[].cpu`: limit in CPUs, burst share), None when unlimited."""
+    cpu = getattr(tenant, "cpu", None)
+    return None if cpu is None else {"limit": cpu.limit, "burst": cpu.burst}
+
+
+LIVE_SHOWN = ("cpu_used", "cpu_limit", "over_quota", "nr_throttled", "throttled_ns", "admitted", "rejected")
+
+
 def tenants_view(snap: Any) -> dict[str, Any]:
-    tenants = [{"id": t.id, "cpu_quota": getattr(t, "cpu_quota", None)} for t in getattr(snap, "tenants", ())]
+    tenants = [{"id": t.id, "cpu_quota": _quota(t)} for t in getattr(snap, "tenants", ())]
     try:
         from ebpf.snapshot import SnapshotReader, snapshot_path
 
@@ -174,7 +183,13 @@ def pretty(doc: dict[str, Any]) -> str:
         agent = doc.get("agent")
         lines.append(f"tenants ({'agent ' + json.dumps(agent) if agent else ''}):")
         for t in doc["tenants"]:
-            lines.append(f"  {t['id']}: quota {t.get('cpu_quota')} live {json.dumps(t.get('live'))}")
+            q = t.get("cpu_quota")
+            quota = "unlimited" if q is None else f"{q['limit']:g} CPU (+{q['burst'] * 100:g}% burst)"
+            live = t.get("live")
+            live_text = "no live numbers" if live is None else " ".join(
+                f"{k}={live[k]:.3f}" if isinstance(live[k], float) else f"{k}={live[k]}" for k in LIVE_SHOWN
+                if k in live)
+            lines.append(f"  {t['id']}: quota {quota}; {live_text}")
     budgets = doc.get("budgets")
     if budgets is not None:
         lines.append(f"budgets (store {budgets['store']}):")
