@@ -82,3 +82,60 @@ def test_route_filter_and_the_last_records_without_follow(stack_factory):
     down = subprocess.run([sys.executable, "-m", "extproc", "logs", "--admin", "http://127.0.0.1:1"],
                           cwd=REPO, capture_output=True, text=True, timeout=30)
     assert down.returncode == 3 and "cannot be reached" in down.stderr
+
+
+DECISIONS = """\
+apiVersion: adapter.ai/v1
+kind: AdapterGateway
+metadata: {name: logs-decisions}
+spec:
+  tenancy: {source: header, header: x-tenant-id}
+  tenants: [{id: acme}, {id: globex}]
+  backends:
+    - {name: llama-stable, kind: vllm, endpoints: ["vllm-stable:8000"], models: [llama-3-8b]}
+    - {name: llama-canary, kind: vllm, endpoints: ["vllm-canary:8000"], models: [llama-3-8b]}
+  plugins:
+    - {type: in-flight-scorer}
+  schedulingProfiles:
+    - name: explained
+      explain: true
+      plugins: [{pluginRef: in-flight-scorer}]
+  routes:
+    - {path: /v1/, match: prefix, kind: openai, name: v1, targets: [llama-stable, llama-canary], plugins: [explained]}
+  rollouts:
+    - name: llama-v2
+      route: v1
+      arms: [{name: stable, backend: llama-stable}, {name: canary, backend: llama-canary, weight: 10}]
+      key: {sources: [{header: x-user-id}], trustedHeaders: [x-user-id, x-canary], force: {header: x-canary}}
+"""
+
+
+def test_tenant_filter_and_each_requests_decisions_variant_endpoint_and_why(stack_factory, tmp_path):
+    """`--tenant` keeps one tenant's requests; each record names the canary arm and how it was chosen (forced
+    here), the endpoint picked and the one that served, and at debug the scheduling profile's explanation
+    (candidates, scorers, the pick): the "why"; the pretty form shows the same on its first line."""
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text(DECISIONS)
+    st = stack_factory(cfg, simulate=True)
+    cli = follow(st, "--tenant", "acme", "--level=debug", seconds=6.0)
+    body = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with httpx.Client(timeout=10) as client:
+        for tenant in ("acme", "globex", "acme"):
+            r = client.post(f"{st.url}/v1/chat/completions", json=body,
+                            headers={"x-tenant-id": tenant, "x-canary": "true", "x-user-id": "alice"})
+            assert r.status_code == 200, r.text
+    out, err = cli.communicate(timeout=30)
+    recs = [json.loads(x) for x in out.splitlines()]
+    assert len(recs) == 2 and {r["tenant"] for r in recs} == {"acme"}, (recs, err)
+    for rec in recs:
+        assert rec["variant"] == "llama-v2/canary" and rec["assignment"]["how"] == "forced", rec
+        assert rec["backend"] == "llama-canary" and rec["endpoint"] and rec["served"] == rec["endpoint"]
+        decision = rec["decision"]
+        assert decision["profile"] == "explained" and decision["pick"] == rec["endpoint"]
+        assert rec["endpoint"] in decision["candidates"] and decision["scorers"][0]["plugin"] == "in-flight-scorer"
+    last = subprocess.run([sys.executable, "-m", "extproc", "logs", "--admin", st.processor_admin_url,
+                           "--tenant", "acme", "--lines", "5"], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert last.returncode == 0, last.stderr
+    lines = [x for x in last.stdout.splitlines() if x and not x.startswith(" ")]
+    assert len(lines) == 2 and all("tenant=acme" in x and "variant=llama-v2/canary (forced" in x for x in lines), \
+        last.stdout
