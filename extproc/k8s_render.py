@@ -17,7 +17,8 @@ What `render_k8s(path, options)` writes (file name -> YAML documents), all from 
 - `istio-envoyfilter.yaml` (`envoy.yaml` too: only for a config with routes): an Istio `EnvoyFilter` (networking.istio.io/v1alpha3) for an ingress
   gateway: adds our processor cluster (the same `processor_cluster` our Envoy has, pointed at the
   processor Service), inserts our ext_proc filter (the same filter, from `http_connection_manager`)
-  before the router, and merges each route's per-route ext_proc settings into the gateway's route of
+  before the router, merges our access loggers into the gateway's HCM (with their per-worker clusters;
+  when the config has them: access-log feedback or serverTiming routes), and merges each route's per-route ext_proc settings into the gateway's route of
   the same name (name the VirtualService's http routes after the config's routes);
 - `inferencepool.yaml` (only with `spec.epp`): an `InferencePool` (inference.networking.k8s.io/v1)
   whose `endpointPickerRef` is our processor's EPP Service `<name>-epp` (extproc/epp.py);
@@ -49,8 +50,8 @@ import yaml
 from extproc.config.loader import ConfigError, load_file, load_text, parse_text, read_config, referenced_files, \
     relative_to
 from extproc.config.snapshot import Snapshot
-from extproc.envoy_render import EXT_PROC, PROCESSOR_CLUSTER, http_connection_manager, processor_cluster, \
-    render_yaml, route_configuration, worker_count
+from extproc.envoy_render import EXT_PROC, PROCESSOR_CLUSTER, als_clusters, http_connection_manager, \
+    processor_cluster, render_yaml, route_configuration, worker_count
 from extproc.envoy_render import _represent_str as _envoy_represent_str
 
 MOUNT = "/etc/adapter"  # the ConfigMap's mount in every pod
@@ -339,6 +340,15 @@ def istio_envoyfilter(name: str, options: K8sOptions, snap: Snapshot, workers: i
              "subFilter": {"name": "envoy.filters.http.router"}}}}},
          "patch": {"operation": "INSERT_BEFORE", "value": copy.deepcopy(ext_proc)}},
     ]
+    if hcm.get("access_log"):  # our access loggers (end-of-request feedback, latency attribution) and their
+        # clusters: merged into the gateway's HCM (repeated fields are appended by Istio's MERGE)
+        patches += [{"applyTo": "CLUSTER", "match": dict(ISTIO_GATEWAY_MATCH),
+                     "patch": {"operation": "ADD", "value": c}} for c in als_clusters(snap, workers)]
+        patches.append({"applyTo": "NETWORK_FILTER",
+                        "match": {**ISTIO_GATEWAY_MATCH, "listener": {"filterChain": {"filter": {
+                            "name": "envoy.filters.network.http_connection_manager"}}}},
+                        "patch": {"operation": "MERGE", "value": {"typed_config": {
+                            "@type": hcm["@type"], "access_log": copy.deepcopy(hcm["access_log"])}}}})
     client_routes = {r["name"]: r for r in route_configuration(snap)["virtual_hosts"][0]["routes"]}
     for route in snap.routes.values():
         entry = client_routes[route.name]

@@ -390,6 +390,18 @@ def _apply_envoyfilter(bootstrap: dict, envoyfilter: dict) -> dict:
                         filters.insert(at[0], value)
                         hits += 1
             assert hits == 1
+        elif patch["applyTo"] == "NETWORK_FILTER":  # MERGE into the HCM: repeated fields appended (proto merge)
+            assert op == "MERGE"
+            want = patch["match"]["listener"]["filterChain"]["filter"]["name"]
+            (hcm,) = [f["typed_config"] for lst in static["listeners"] for chain in lst["filter_chains"]
+                      for f in chain["filters"] if f["name"] == want]
+            for k, v in value["typed_config"].items():
+                if k == "@type":
+                    assert v == hcm[k]
+                elif isinstance(v, list):
+                    hcm.setdefault(k, []).extend(v)
+                else:
+                    hcm[k] = v
         elif patch["applyTo"] == "HTTP_ROUTE":
             assert op == "MERGE"
             name = patch["match"]["routeConfiguration"]["vhost"]["route"]["name"]
@@ -443,7 +455,12 @@ def test_the_envoyfilter_patched_into_an_istio_like_gateway_is_accepted_by_envoy
     hcm = patched["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     assert [f["name"] for f in hcm["http_filters"]] == [EXT_PROC, "envoy.filters.http.router"]
     cluster_name = hcm["http_filters"][0]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
-    assert cluster_name in {c["name"] for c in patched["static_resources"]["clusters"]}
+    clusters = {c["name"] for c in patched["static_resources"]["clusters"]}
+    assert cluster_name in clusters
+    # our access loggers (the finance config has access-log feedback), each with its worker's cluster
+    loggers = [a["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+               for a in hcm["access_log"]]
+    assert len(loggers) == 2 and set(loggers) <= clusters
     out = tmp_path / "istio-gateway.yaml"
     out.write_text(yaml.safe_dump(patched, sort_keys=False))
     ok, output = envoy_validate(str(out))
