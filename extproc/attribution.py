@@ -31,7 +31,7 @@ components (the `component` label of `adapter_processor_latency_seconds{route,co
   stream's first event, which engines send once the prefill produced the first token (vLLM's first event
   carries the role, with the first token); TTFT as the gateway sees it. An unstreamed answer's first body
   chunk is its whole body: not a first token.
-Without the entry within JOIN_TTL (an Envoy without our access loggers, e.g. an Istio gateway), these three
+Without the entry within JOIN_TTL (an Envoy without our access loggers, another replica's worker), these three
 are recorded from the processor's view (the header's definitions). The ext_proc gRPC hop is inside `envoy`.
 The header: added at response headers (one hook at the end of the route's pipeline; the phase is asked
 of Envoy only on these routes: on `openai` routes, whose streamed responses otherwise skip it, this is one
