@@ -365,3 +365,22 @@ def test_access_loggers_send_serverTiming_entries_to_the_worker_in_the_token(tmp
     (only,) = access_loggers(1, feedback=False, timing=True)
     assert only["filter"]["metadata_filter"]["matcher"]["path"][0]["key"] == "timing"
     assert access_loggers(2) == access_loggers(2, feedback=True, timing=False)  # unchanged without serverTiming
+
+
+async def test_an_entry_that_comes_before_the_requests_end_is_joined_when_it_ends(tmp_path):
+    from extproc.feedback import AccessLogFeedback
+
+    svc, registry, states = timing_service(write_config(tmp_path, "always"))
+    lc = svc.runtime.lifecycle
+    token = f"{lc.boot}-{lc._next}"  # the next request's token
+    start = time.time() - 5.0  # Envoy had the request 5 s before now; no upstream (its window is absent)
+    AccessLogFeedback(lc, svc.metrics).handle(_entry(token, start, time_to_last_downstream_tx_byte=10.0))
+    await run(svc, ROUTE, recorded(LLM))
+    assert states[0].token == token
+    svc.flush_metrics()
+    timing = states[0].attrs[attribution.TIMING_ATTR]
+    busy = sum(b - a for a, b in [*timing.spans, *timing.late])
+    assert _sums(registry)["envoy"] == pytest.approx(10.0 - busy, abs=1e-5)
+    assert "upstream_ttfb" not in _sums(registry)  # Envoy sent nothing upstream
+    observer = next(o for o in lc.observers if isinstance(o, attribution.AttributionObserver))
+    assert observer.joined == 1 and not observer._entries and not observer._requests
