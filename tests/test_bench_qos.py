@@ -159,3 +159,27 @@ def test_strict_order_p2_floor_is_zero_at_capacity_and_all_once_p0_p1_alone_exce
     assert bq.strict_order_p2_shed(1.0) == 0.0 and bq.strict_order_p2_shed(0.8) == 0.0
     assert bq.strict_order_p2_shed(1.05) == pytest.approx(0.05 / (1.05 * 0.4 * 4 / 14))
     assert bq.strict_order_p2_shed(1.25) == bq.strict_order_p2_shed(1.5) == 1.0
+
+
+def test_default_load_steps_resolve_p2_shedding_between_capacity_and_the_goal_point():
+    # 150 % stays the goal point (the --out rows); the steps between are at most 10 points apart, so a cliff
+    # shows as one step, and the floor between them is printed beside the measured shed rate
+    assert max(bq.LOADS) == 1.5 and min(bq.LOADS) == 1.0
+    assert list(bq.LOADS) == sorted(set(bq.LOADS)) and len(bq.LOADS) >= 5
+    assert all(b - a <= 0.1 + 1e-9 for a, b in zip(bq.LOADS, bq.LOADS[1:]))
+
+
+def test_goals_p2_line_separates_the_workloads_floor_from_the_rules_step():
+    rows = []
+    for load, shed in ((1.0, 0.1), (1.1, 0.85), (1.2, 1.0)):
+        n = 20
+        recs = [R("tenant-1", "P2", status=429) for _ in range(round(shed * n))]
+        recs += [R("tenant-1", "P2") for _ in range(n - len(recs))]
+        rows += bq.class_rows("qos", load, recs + [R("tenant-2", "P0"), R("noisy", "P1")], 1.0)
+    doc = bq.document(rows, {"qos": {1.0: 1.0, 1.1: 1.0, 1.2: 1.0}}, [1.0, 1.1, 1.2], budgets={})
+    line = next(g for g in bq.goals(doc) if g.startswith("P2 shed rate"))
+    assert "100% 10%, 110% 85%, 120% 100%" in line and "NOT MET" in line  # +75 points: over the 50-point criterion
+    floor = bq.strict_order_p2_shed(1.1)  # 0.1 / (1.1 x 0.114) = 80 %: the workload's, not the rule's
+    assert f"110% {floor:.0%}" in line
+    assert f"100% -> 110%: +75 points measured, {floor * 100:+.0f} of them forced" in line
+    assert "shed above the floor per step: 100% +10, 110% +5, 120% +0" in line

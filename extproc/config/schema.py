@@ -882,7 +882,7 @@ class QosAdmissionSpec(_Model):
     initial_limit: Annotated[int, Field(ge=1, le=100000)] = 8
     min_limit: Annotated[int, Field(ge=1, le=100000)] = 1
     max_limit: Annotated[int, Field(ge=1, le=100000)] = 256
-    tolerance: Annotated[float, Field(ge=1.0, le=10.0)] = 1.25
+    tolerance: Annotated[float, Field(ge=1.0, le=10.0)] = 2.0
     smoothing: Annotated[float, Field(gt=0, le=1.0)] = 0.2
     samples: Annotated[int, Field(ge=1, le=10000)] = 8
     min_rtt_window: Duration = 30.0

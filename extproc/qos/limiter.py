@@ -9,8 +9,10 @@ too many requests are let in (the engine's `--max-num-seqs` is full and requests
 Formula, per batch of `samples` TTFT samples (queue time in the gateway excluded: from admission to
 the first response body, streamed requests only):
     sampleRTT = mean of the batch's TTFTs
-    minRTT    = the smallest sampleRTT of the last `minRttWindow` seconds (two buckets of that length: a
-                minimum that forgets, so a backend that became slower for good is re-learnt), where only
+    minRTT    = the smallest candidate of the last `minRttWindow` seconds (two buckets of that length: a
+                minimum that forgets, so a backend that became slower for good is re-learnt); a candidate is
+                an uncongested batch's sampleRTT averaged with the uncongested batches right before it (up to
+                MIN_RUN = 4 in a row: 32 TTFTs by default), a congested batch's its own sampleRTT; only
                 uncongested batches (peak in-flight <= max(minLimit, limit / 2)) may replace a forgotten
                 minimum: congested ones can only lower it. Under sustained overload the minimum is kept
                 (no ratchet from one overloaded window to the next). The price: a backend that became
@@ -26,9 +28,33 @@ At equilibrium limit * (1 - gradient) = sqrt(limit): sampleRTT settles at about
 tolerance * minRTT / (1 - 1/sqrt(limit)), so TTFT stays within `tolerance` of its unloaded value plus
 a margin that shrinks as the limit grows; above that the limit falls (by at most half of it per
 batch, times the smoothing), below it grows by `smoothing * sqrt(limit)` per batch.
-Parameters (`spec.qos.admission[]`): initialLimit, minLimit, maxLimit, tolerance (default 1.25, Envoy's 25 % buffer),
-smoothing (0.2), samples (8), minRttWindow (30 s). `clock` is injectable (tests).
-Cost: `sample` is a few float operations and an append; one update per `samples` samples.
+Why tolerance 2 and the averaged candidate (until 2026-12: tolerance 1.25, Envoy's 25 % buffer, and the
+smallest single 8-sample mean): with those the limit held perf/bench_qos.py's 64-slot pool at 66-84 % of
+its capacity at 100 % load (perf/RESULTS.md, 20:21 UTC). Two causes, both reproduced in
+tests/extproc/qos/test_limiter.py:
+  1. an LLM engine's TTFT rises with its running batch long before any request waits in it (a new
+     prompt's prefill shares each engine step with the batch's decode, and step time grows with the
+     batch: vLLM's TPOT 6.5 ms at 1 stream, 10.9 ms at 16 on one H100, backends/simulator_engine.py's
+     calibration), so at a full batch TTFT is already about 2x its unloaded value; an equilibrium at
+     1.25 x minRTT / (1 - 1/sqrt(limit)) = 1.43 x (at 64) stops the limit near a third of the slots.
+     Gradient2 avoids it by comparing with a long-term average RTT (tolerance 1.5) instead of the
+     minimum; that average follows a saturated backend up (the ratchet this limiter refuses, tested),
+     so here the minimum stays and the tolerance covers the batch's rise: 2.0 puts the equilibrium
+     (2.3 x minRTT at 64) just past a full batch on an engine whose TTFT doubles, a few requests past
+     the slots on one whose TTFT does not rise (each queued request adds decode time / slots);
+  2. the smallest of many 8-sample means is biased low (requests on faster and slower nodes spread
+     TTFT by about 30 %: the minimum of a window's ~75 batch means sits near 0.8 x the true mean;
+     Netflix's note on Gradient2: a minimum "can result in a bias towards an impractically low base
+     RTT resulting in excessive load shedding"); averaging a run of uncongested batches narrows it.
+  Envoy's adaptive concurrency instead re-measures minRTT by pinning concurrency to a few requests
+  every interval: with LLM requests holding slots for seconds of decoding that pause costs too much.
+  What a higher tolerance costs: on an engine whose TTFT does not rise with the batch, up to about
+  (tolerance - 1) x TTFT x slots / decode time requests more wait in the engine's queue than with 1.25;
+  a workload whose TTFT doubles less than this (short prompts on a fast engine) may lower it.
+Parameters (`spec.qos.admission[]`): initialLimit, minLimit, maxLimit, tolerance (default 2.0), smoothing
+(0.2), samples (8), minRttWindow (30 s). `clock` is injectable (tests).
+Cost: `sample` is a few float operations and an append; one update per `samples` samples (a sum over at
+most MIN_RUN floats for the minimum's candidate).
 """
 
 from __future__ import annotations
@@ -39,12 +65,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 
+MIN_RUN = 4  # uncongested batches in a row whose mean is one minimum candidate
+
+
 @dataclass(frozen=True, slots=True)
 class LimiterParams:
     initial: int = 8
     min_limit: int = 1
     max_limit: int = 256
-    tolerance: float = 1.25
+    tolerance: float = 2.0
     smoothing: float = 0.2
     samples: int = 8
     min_rtt_window: float = 30.0
@@ -54,7 +83,7 @@ class GradientLimiter:
     """One pool's limit in one worker (`limit` is what admission compares the pool's in-flight count to)."""
 
     __slots__ = ("params", "clock", "value", "_batch", "_batch_peak", "_mins", "_bucket", "min_rtt",
-                 "last_sample_rtt", "updates")
+                 "last_sample_rtt", "updates", "_run")
 
     def __init__(self, params: LimiterParams, clock: Callable[[], float] = time.monotonic):
         self.params = params
@@ -67,6 +96,7 @@ class GradientLimiter:
         self.min_rtt: float | None = None
         self.last_sample_rtt: float | None = None
         self.updates = 0
+        self._run: list[float] = []  # the last MIN_RUN uncongested batches' means, in a row (the minimum's candidate)
 
     @property
     def limit(self) -> int:
@@ -105,10 +135,19 @@ class GradientLimiter:
         elif bucket > self._bucket + 1:
             self._mins = [math.inf, math.inf]
         self._bucket = bucket
+        # the candidate: an uncongested batch counts with the uncongested batches right before it (up to
+        # MIN_RUN, MIN_RUN x samples TTFTs): the smallest of many 8-sample means is biased low
+        if uncongested:
+            self._run.append(rtt)
+            del self._run[:-MIN_RUN]
+            cand = sum(self._run) / len(self._run)
+        else:
+            self._run.clear()
+            cand = rtt
         # a batch run with the pool congested may only lower the minimum: were it to replace a forgotten
         # one, each window would start from an overloaded TTFT and the limit would ratchet up
-        if (uncongested or self.min_rtt is None or rtt < self.min_rtt) and rtt < self._mins[1]:
-            self._mins[1] = rtt
+        if (uncongested or self.min_rtt is None or cand < self.min_rtt) and cand < self._mins[1]:
+            self._mins[1] = cand
         m = min(self._mins)
         if m < math.inf:
             self.min_rtt = m
