@@ -97,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="load only these of the reliability routes' paths (repeatable; default all)")
     ap.add_argument("--envoy-runtime", action="append", default=[], metavar="KEY=VALUE",
                     help="an Envoy runtime value for this run, over the rendered ones (extproc/envoy_render.py "
-                         "RUNTIME; repeatable), e.g. envoy.reloadable_features.ext_proc_graceful_grpc_close=false "
-                         "for the behaviour before it was rendered")
+                         "RUNTIME; repeatable), e.g. envoy.reloadable_features.ext_proc_graceful_grpc_close=true")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--key", default="lineno", choices=("lineno", "traceback", "filename"))
     ap.add_argument("--frames", type=int, default=1, help="frames kept per allocation (traceback needs more)")

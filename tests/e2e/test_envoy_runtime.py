@@ -1,18 +1,19 @@
-"""Envoy's runtime values in the rendered bootstraps (extproc/envoy_render.py `RUNTIME`), issue 12
-item 6: `envoy.reloadable_features.ext_proc_graceful_grpc_close`.
+"""Envoy 1.40 and `envoy.reloadable_features.ext_proc_graceful_grpc_close` (issue 12 item 6).
 
-Without it Envoy 1.40 ends every ext_proc side stream with RST_STREAM; a reset that reaches a
-grpc.aio server while it awaits the next message leaks native memory (grpc/grpc#43360, about 100 B
-a stream), and a reset that beats the worker's own status makes grpc log an ExecuteBatchError.
-With it Envoy half-closes and waits (up to 1 s) for the processor's status.
+Without it Envoy ends every ext_proc side stream with RST_STREAM; a reset that reaches a grpc.aio
+server while it awaits the next message leaks native memory (grpc/grpc#43360, about 100 B a
+stream), and a reset that beats the worker's own status makes grpc log an ExecuteBatchError. With
+it Envoy half-closes and waits (up to 1 s) for the processor's status. The rendered bootstraps do
+not set it (extproc/envoy_render.py `RUNTIME` says why: a half-close does not cancel a worker
+busy in a stage, e.g. queued for admission); these tests pin what it does, for the follow-up.
 
-- Both bootstraps (static `render`, live `render_bootstrap`) carry the flag in `layered_runtime`
-  and Envoy accepts them (`--mode validate`; it does not check runtime keys, hence the next test).
-- What the flag does, through the real Envoy 1.40 and the live bootstrap as rendered: a grpc.aio
-  ext_proc server that never ends a stream itself (it keeps reading after the route's only phase)
-  sees each stream end with Envoy's half-close and sends its status, and Envoy resets none of them
-  (`cluster.adapter_processor.upstream_rq_tx_reset` 0); with the flag false, or `layered_runtime`
-  left out (Envoy's default: the flag is off in this binary), Envoy resets every one (5 of 5),
+- A bootstrap with it in `layered_runtime` (`envoy_render.layered_runtime`), static and live,
+  passes `--mode validate` (which does not check runtime keys, hence the next test).
+- Through the real Envoy 1.40 and the live bootstrap as rendered: a grpc.aio ext_proc server that
+  never ends a stream itself (it keeps reading after the route's only phase). With the flag on,
+  each stream ends with Envoy's half-close, the server sends its status, and Envoy resets none of
+  them (`cluster.adapter_processor.upstream_rq_tx_reset` 0); with the flag false, or as rendered
+  (no `layered_runtime`: Envoy's default, off in this binary), Envoy resets every one (5 of 5),
   though the server's read may still see the END_STREAM Envoy sends just before its RST_STREAM.
 """
 
@@ -33,7 +34,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from extproc.cli import envoy_validate
 from extproc.config.loader import load_file
 from extproc.envoy_bin import find_envoy
-from extproc.envoy_render import PROCESSOR_CLUSTER, RUNTIME, dump_yaml, render
+from extproc.envoy_render import PROCESSOR_CLUSTER, RUNTIME, dump_yaml, layered_runtime, render
 from extproc.stack import free_port, free_port_block, stop_process, wait_http
 from extproc.xds import XdsWriter, render_bootstrap
 from tests.conftest import BRIEF_EXAMPLE
@@ -44,20 +45,21 @@ pytestmark = pytest.mark.e2e
 FLAG = "envoy.reloadable_features.ext_proc_graceful_grpc_close"
 
 
-def static_layer(boot: dict) -> dict:
-    layers = boot["layered_runtime"]["layers"]
-    assert layers[-1] == {"name": "admin", "admin_layer": {}}  # /runtime_modify still works
-    return layers[0]["static_layer"]
+def with_flag(boot: dict, value: bool) -> dict:
+    return {**boot, "layered_runtime": layered_runtime({FLAG: value})}
 
 
-def test_both_bootstraps_carry_the_flag_and_envoy_accepts_them(tmp_path):
+def test_the_flag_in_layered_runtime_passes_envoy_validate_and_is_not_rendered(tmp_path):
     snap = load_file(BRIEF_EXAMPLE)
     static = render(snap, workers=2)
     writer = XdsWriter(tmp_path / "xds")
     writer.write(snap, 2, wait=False)  # the files the live bootstrap names
     live = render_bootstrap(snap, 2, writer.dir)
+    assert FLAG not in RUNTIME and "layered_runtime" not in static and "layered_runtime" not in live
     for name, boot in (("static", static), ("live", live)):
-        assert static_layer(boot) == RUNTIME and static_layer(boot)[FLAG] is True, name
+        boot = with_flag(boot, True)
+        layers = boot["layered_runtime"]["layers"]
+        assert layers[0]["static_layer"][FLAG] is True and layers[-1] == {"name": "admin", "admin_layer": {}}
         out = tmp_path / f"{name}.yaml"
         out.write_text(dump_yaml(boot))
         ok, output = envoy_validate(str(out))
@@ -111,10 +113,8 @@ async def ends_seen(tmp_path, procs, variant: str, n: int = 5) -> tuple[list[str
         writer = XdsWriter(tmp_path / f"xds-{variant}")
         writer.write(snap, 1, wait=False)
         boot = copy.deepcopy(render_bootstrap(snap, 1, writer.dir))
-        if variant == "flag false":
-            static_layer(boot)[FLAG] = False
-        elif variant == "no layered_runtime":
-            del boot["layered_runtime"]
+        if variant != "as rendered":
+            boot = with_flag(boot, variant == "flag on")
         path = tmp_path / f"envoy-{variant.replace(' ', '-')}.yaml"
         path.write_text(dump_yaml(boot))
         envoy = subprocess.Popen([find_envoy(), "-c", str(path), "--disable-hot-restart", "--concurrency", "1",
@@ -123,7 +123,7 @@ async def ends_seen(tmp_path, procs, variant: str, n: int = 5) -> tuple[list[str
         await asyncio.to_thread(wait_http, f"http://127.0.0.1:{admin}/ready", 30, envoy, "envoy")
         await asyncio.to_thread(wait_http, f"http://127.0.0.1:{listen}/__adapter_not_a_route__", 10, envoy, "listener")
         runtime = httpx.get(f"http://127.0.0.1:{admin}/runtime", timeout=5).json()["entries"]
-        expected = {"rendered": "true", "flag false": "false", "no layered_runtime": None}[variant]
+        expected = {"flag on": "true", "flag false": "false", "as rendered": None}[variant]
         assert (runtime.get(FLAG) or {}).get("final_value") == expected, runtime.get(FLAG)
         async with httpx.AsyncClient(timeout=10) as client:
             for _ in range(n):
@@ -142,12 +142,12 @@ async def ends_seen(tmp_path, procs, variant: str, n: int = 5) -> tuple[list[str
         await server.stop(0)
 
 
-async def test_the_rendered_runtime_makes_envoy_half_close_ext_proc_streams(tmp_path, procs):  # noqa: F811
-    ends, resets = await ends_seen(tmp_path, procs, "rendered")
+async def test_with_the_flag_envoy_half_closes_ext_proc_streams(tmp_path, procs):  # noqa: F811
+    ends, resets = await ends_seen(tmp_path, procs, "flag on")
     assert ends == ["half-close"] * 5 and resets == 0, (ends, resets)
 
 
-@pytest.mark.parametrize("variant", ["flag false", "no layered_runtime"])
+@pytest.mark.parametrize("variant", ["flag false", "as rendered"])
 async def test_without_the_flag_envoy_resets_them(tmp_path, procs, variant):  # noqa: F811
     # the processor's read may still see Envoy's half-close first (Envoy sends END_STREAM, then
     # RST_STREAM at once): what tells is Envoy's own count of the resets it sent
