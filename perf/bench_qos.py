@@ -578,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
             f"per tenant, day token budgets.\n"
             f"- attainment = requests within their class's TTFT SLO / requests sent (shed = missed); goodput = output "
             f"tokens of those / window length; Jain over the well-behaved tenants of goodput / offered tokens.\n"
-            f"- served (answered requests of the measured window / s, % of capacity; QoS on: the pool's adaptive limit "
-            f"at the cell's end): " + "; ".join(
+            f"- served (requests of the measured window answered, however late, / s and % of capacity: for `none` the "
+            f"offered rate; QoS on: those not shed, and the pool's adaptive limit at the cell's end): " + "; ".join(
                 f"{k} {v['answered_rps']:.2f} req/s {v['of_capacity']:.0%}"
                 + (f" limit {v['admission_limit_at_end']:g}" if v["admission_limit_at_end"] is not None else "")
                 for k, v in served.items()) + "\n\n"

@@ -122,6 +122,18 @@ def test_ttft_rising_with_the_batch_still_fills_the_pool():
     assert 64 <= sum(flat) / len(flat) <= 1.25 * 64, sum(flat) / len(flat)
 
 
+def test_one_lucky_batch_does_not_set_the_minimum():
+    # uncongested batches count as the mean of the run they end (up to MIN_RUN = 4 in a row): one fast
+    # batch after three ordinary ones lowers the minimum to the run's mean, not to itself
+    lim = GradientLimiter(LimiterParams(initial=8, samples=1), Clock())
+    for rtt in (0.2, 0.2, 0.2, 0.05):
+        lim.sample(rtt, 1)
+    assert lim.min_rtt == pytest.approx((0.2 * 3 + 0.05) / 4)
+    lim.sample(0.3, 8)  # a congested batch ends the run, and counts alone (it may only lower the minimum)
+    lim.sample(0.05, 1)  # a new run of one
+    assert lim.min_rtt == pytest.approx(0.05)
+
+
 def test_min_rtt_forgets_after_two_windows_only_for_uncongested_batches():
     clock = Clock()
     lim = GradientLimiter(LimiterParams(initial=8, samples=1, min_rtt_window=10.0), clock)
