@@ -94,17 +94,20 @@ def test_controller_reads_violations_from_the_servers_histogram(server: Server, 
 
 def test_only_one_controller_acts_per_endpoint(server: Server, client) -> None:
     clock = Clock()
+    # the server times the lease on its own (real) clock: 4 s, so that a slow machine's stalls between
+    # a's write and the read below cannot lapse it (0.4 s did once, on a clean-clone run); the
+    # injected clock steps keep the same proportions of the lease as before
     other = OrtBatchingClient(server.base, MODEL)
     try:
         a = BatchController(StaticPolicy(BatchSetting(4, 100)), client, slo_latency=0.005, clock=clock,
-                            lease_ms=400, owner="replica-a")
+                            lease_ms=4000, owner="replica-a")
         b = BatchController(StaticPolicy(BatchSetting(9, 900)), other, slo_latency=0.005, clock=clock,
-                            lease_ms=400, owner="replica-b")
+                            lease_ms=4000, owner="replica-b")
         a.start()
         b.start()  # refused by the server: b is a standby and writes nothing
         assert (a.acting, b.acting) == (True, False)
         for _ in range(3):
-            clock.t += 0.1
+            clock.t += 1.0
             a.tick()
             assert b.tick().applied is None
         now = client.settings()["1"]
@@ -112,7 +115,7 @@ def test_only_one_controller_acts_per_endpoint(server: Server, client) -> None:
         with pytest.raises(LeaseHeld, match="held by 'replica-a'"):
             other.apply(BatchSetting(2, 0))  # an anonymous write is refused too
         a.stop()  # a gives the lease back; b takes over at its next try (one lease after its refusal)
-        clock.t += 0.4
+        clock.t += 4.0
         rec = b.tick()
         assert rec.acting and rec.applied == BatchSetting(9, 900)
         assert client.settings()["1"]["owner"] == "replica-b"
