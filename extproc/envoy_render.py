@@ -60,6 +60,7 @@ from extproc.config.snapshot import (BACKEND_HEADER, DEBUG_METADATA_KEY, DESTINA
                                      HEALTH_ROUTE, LB_METADATA_NAMESPACE, is_ip, ROUTE_METADATA_KEY, ROUTE_TARGET_HEADER,
                                      TENANT_METADATA_KEY, VARIANT_HEADER, VARIANT_METADATA_KEY,
                                      VARIANT_METADATA_NAMESPACE, Backend, Route, Snapshot)
+from extproc.attribution import TIMING_METADATA_KEY
 from extproc.types import Phase
 
 PROCESSOR_CLUSTER = "adapter_processor"
@@ -547,7 +548,7 @@ def access_loggers(workers: int, feedback: bool = True, timing: bool = False) ->
 
     def log_filter(i: int) -> dict[str, Any]:
         filters = ([matcher(WORKER_METADATA_KEY, {"exact": str(i)})] if feedback else []) + \
-            ([matcher("timing", {"prefix": f"{i}."})] if timing else [])
+            ([matcher(TIMING_METADATA_KEY, {"prefix": f"{i}."})] if timing else [])
         return filters[0] if len(filters) == 1 else {"or_filter": {"filters": filters}}
 
     return [{

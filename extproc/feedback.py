@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any, AsyncIterator
 
+from extproc.attribution import TIMING_METADATA_KEY
 from extproc.lifecycle import Completion, Lifecycle
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,12 @@ def _seconds(d: Any) -> float:
     return d.seconds + d.nanos / 1e9
 
 
-def completion_of(entry: Any) -> tuple[str | None, Completion]:
-    """(token, Completion) of one HTTPAccessLogEntry.
+_UNREAD = object()
+
+
+def completion_of(entry: Any, md: Any = _UNREAD) -> tuple[str | None, Completion]:
+    """(token, Completion) of one HTTPAccessLogEntry; `md`: its `adapter` filter metadata when the
+    caller has read it already (None: the entry has none).
 
     The fields are read directly (HasField for the optional durations): half the cost of walking
     `ListFields()`, which builds a Python object for every field Envoy set (3.6 vs 6.7 us per entry
@@ -45,7 +50,8 @@ def completion_of(entry: Any) -> tuple[str | None, Completion]:
     """
     cp = entry.common_properties
     token = None
-    md = cp.metadata.filter_metadata.get("adapter")
+    if md is _UNREAD:
+        md = cp.metadata.filter_metadata.get("adapter")
     if md is not None:
         t = md.fields.get("token")
         if t is not None:
@@ -81,13 +87,13 @@ class AccessLogFeedback:
         results: dict[str, int] = {}
         sink = lc.timing_sink
         for entry in message.http_logs.log_entry:
-            if sink is not None:  # latency attribution: Envoy's own timings of a serverTiming request
-                md = entry.common_properties.metadata.filter_metadata.get("adapter")
-                timing = md.fields.get("timing") if md is not None else None
+            md = entry.common_properties.metadata.filter_metadata.get("adapter")  # read once per entry
+            if sink is not None and md is not None:  # latency attribution: Envoy's own timings
+                timing = md.fields.get(TIMING_METADATA_KEY)
                 if timing is not None:
                     sink(timing.string_value, entry)
                     results["timing"] = results.get("timing", 0) + 1
-            token, completion = completion_of(entry)
+            token, completion = completion_of(entry, md)
             self.entries += 1
             if not token:
                 continue

@@ -74,8 +74,7 @@ class ConfigRef:
         for old in reversed(list(older)[:KEEP_SNAPSHOTS - 1]):
             if old.digest != snapshot.digest:
                 self._recent[old.digest] = old
-        self._recent[snapshot.digest] = snapshot
-        self._recent.move_to_end(snapshot.digest)
+        self._recent[snapshot.digest] = snapshot  # newest last (the loop above skipped its digest)
         self.listeners: list[Any] = []  # called with the new snapshot before it becomes current
 
     def swap(self, snapshot: Any) -> None:

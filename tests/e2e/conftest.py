@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 
-from extproc.stack import Stack, free_port, free_port_block
+from extproc.stack import Stack, free_port, free_port_block, wait_http
 from tests.conftest import REPO
 from tests.promtext import metric_sum, parse, scrape, wait_metric  # noqa: F401  (re-exported: tests import them from here)
 
@@ -46,15 +44,7 @@ class Simulator:
                                       "--port", str(self.port), "--models", model, "--log-level", "warning", *args],
                                      cwd=REPO, stdout=subprocess.DEVNULL)
         procs.append(self.proc)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert self.proc.poll() is None and time.monotonic() < deadline, "simulator did not start"
-            time.sleep(0.1)
+        wait_http(f"{self.url}/health", 30, self.proc, "simulator")
 
     @property
     def url(self) -> str:
