@@ -77,9 +77,11 @@ def derive_outcome(state: RequestState, completion: Completion | None) -> Outcom
     if state.observed is not None:
         return state.observed
     if completion is None and state.stream_end in ("cancelled", "end") and state.reply_status is None \
-            and not state.complete:
+            and not state.complete and not state.delivered:
         # the stream ended (reset or closed) before the processor saw the end it asked for: Envoy
-        # abandoned the request, which it does when the client goes away
+        # abandoned the request, which it does when the client goes away; unless the answer's in-band
+        # end had gone out (`delivered`): the openai SDK closes its connection at `data: [DONE]`, often
+        # before the backend's end of body reaches Envoy, and that client got the whole answer
         return Outcome.CANCELLED
     status = completion.status if completion is not None else None
     if not status:

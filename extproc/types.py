@@ -194,5 +194,8 @@ class RequestState:
     reply_code: str | None = None
     stream_end: str | None = None  # "end" | "cancelled" | "error", once the ext_proc stream is over
     complete: bool = False  # the stream saw every phase the route reads (or the processor answered)
+    # the answer's in-band end went to the client (an SSE stream's `[DONE]`, or the client API's closing
+    # events): a client that closes right after it (the openai SDK does, at `[DONE]`) got the whole answer
+    delivered: bool = False
     completion: Any = None  # extproc.lifecycle.Completion from Envoy's access log
     outcome: Outcome | None = None  # set once, when on_done fires

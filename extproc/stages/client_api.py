@@ -174,6 +174,7 @@ class ClientApi:
                 if stream.usage is None:  # a server that sends no usage in streams: the gateway's estimate
                     stream.usage = _estimated_usage(state)
                 out += stream.done()
+                state.delivered = True  # the API's closing events: a client may close after them
                 continue
             try:
                 chunk = orjson.loads(data)

@@ -151,6 +151,7 @@ class OpenAIUsage:
         state.attrs["pending"] = rest if sep else data
         if b"data: [DONE]" in data:
             state.attrs["done"] = True
+            state.delivered = True  # a client may close at [DONE] (lifecycle.derive_outcome)
         body = msg.body
         if sep and b'"usage"' in head:
             body = self._usage_events(state, head, body)

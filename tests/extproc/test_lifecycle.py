@@ -276,6 +276,10 @@ def _state(**kw) -> RequestState:
     ({"reply_status": 200}, None, Outcome.OK),
     ({"response_status": 502}, None, Outcome.BACKEND_ERROR),
     ({"stream_end": "cancelled"}, None, Outcome.CANCELLED),
+    # the client closed at the stream's `[DONE]` (the openai SDK does) before the end of body reached Envoy
+    ({"stream_end": "cancelled", "delivered": True, "response_status": 200}, None, Outcome.OK),
+    ({"stream_end": "cancelled", "delivered": True, "response_status": 200},
+     Completion(200, flags=frozenset({"downstream_remote_reset"})), Outcome.CANCELLED),  # Envoy's word first
     ({"stream_end": "error"}, None, Outcome.BACKEND_ERROR),
 ])
 def test_outcome_derivation(kw, completion, expected):

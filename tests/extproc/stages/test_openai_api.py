@@ -267,8 +267,10 @@ def test_a_stream_counts_its_usage_event_and_passes_when_the_client_asked_for_it
     assert st.attrs["sse"] is True and st.usage is None and st.attrs["pending"] == b""
     assert stage.on_response_body(st, resp(USAGE)) is CONTINUE  # not stripped: the client asked
     assert st.usage == Usage(5, 2)
+    assert not st.delivered
     assert stage.on_response_body(st, resp(DONE, end=True)) is CONTINUE
     assert st.observed is None and st.attrs["done"] is True
+    assert st.delivered  # a client closing at [DONE] got the whole answer (lifecycle.derive_outcome)
 
 
 def test_the_usage_event_we_asked_for_is_removed_from_the_stream(snap):
