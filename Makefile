@@ -14,6 +14,10 @@ MLSERVER_VENV := .tools/mlserver-venv
 MLSERVER := $(MLSERVER_VENV)/bin/python
 CONFIG ?= examples/finance-llm-adapter.yaml
 PYTEST_ARGS ?=
+# pytest-xdist workers, one test file at a time each (the suite is CPU-bound on 2 cores: 3 overlap the
+# e2e tests' waiting; 4 ran no faster and loaded the timing-sensitive tests more). TEST_WORKERS=0: one
+# process, the order pytest-randomly's seed alone gives (docs/testing.md).
+TEST_WORKERS ?= 3
 
 .PHONY: run test setup envoy ebpf-setup h2load-setup monitoring-setup redis-setup mosquitto-setup perf render clean mutation postgres-setup
 
@@ -22,7 +26,7 @@ run: setup
 
 test: setup
 	@rm -rf .run/coverage
-	$(VENV)/bin/python -m coverage run -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(VENV)/bin/python -m coverage run -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	$(VENV)/bin/python -m coverage combine -q; \
 	echo "branch coverage of the request path (goal 90%, not enforced; docs/testing.md):"; \
 	$(VENV)/bin/python -m coverage report; \

@@ -42,22 +42,51 @@ from extproc.xds import EnvoyAdminAck, XdsWriter, bootstrap_yaml
 log = logging.getLogger("adapterctl.up")
 
 
-def free_port(host: str = "127.0.0.1", avoid: frozenset[int] | set[int] = frozenset()) -> int:
+PORT_SLICE_ENV = "ADAPTER_PORT_SLICE"  # "k/n": only ports whose 64-port block is k modulo n (parallel test runs)
+_BLOCK = 64
+
+
+def _port_slice() -> tuple[int, int] | None:
+    """(k, n) from `ADAPTER_PORT_SLICE=k/n`, or None. Processes that pick ports at once (pytest-xdist
+    workers, and what each starts: the variable is inherited) get disjoint ports: one process's chosen
+    but not yet bound port is not free to another's choice, which the kernel's `bind(0)` cannot know."""
+    raw = os.environ.get(PORT_SLICE_ENV)
+    if not raw:
+        return None
+    k, sep, n = raw.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise ValueError(f"{PORT_SLICE_ENV}={raw!r}: expected k/n with 0 <= k < n")
+    return int(k), int(n)
+
+
+def _in_slice(port: int, width: int, where: tuple[int, int] | None) -> bool:
+    """`width` ports from `port` lie in one 64-port block of this process's slice (any, without one)."""
+    if where is None:
+        return True
+    k, n = where
+    return (port // _BLOCK) % n == k and port % _BLOCK + width <= _BLOCK
+
+
+def free_port(host: str = "127.0.0.1", avoid: frozenset[int] | set[int] = frozenset(), width: int = 1) -> int:
     """A port free now (the kernel's choice), other than those in `avoid`: ports a stack has chosen but
-    not yet bound (its processor workers bind theirs after the simulators start) look free too."""
-    for _ in range(100):
+    not yet bound (its processor workers bind theirs after the simulators start) look free too. With
+    `ADAPTER_PORT_SLICE` set, one in this process's slice (`width` ports from it in one block)."""
+    where = _port_slice()
+    tries = 100 if where is None else 100 * where[1]
+    for _ in range(tries):
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-        if port not in avoid:
+        if port not in avoid and _in_slice(port, width, where):
             return port
-    raise RuntimeError(f"no free port outside the {len(avoid)} reserved ones")
+    raise RuntimeError(f"no free port outside the {len(avoid)} reserved ones"
+                       + (f" in slice {where[0]}/{where[1]} ({PORT_SLICE_ENV})" if where else ""))
 
 
 def free_port_block(n: int, host: str = "127.0.0.1") -> int:
     """A base port with n consecutive free ports (for processor workers)."""
     for _ in range(200):
-        base = free_port(host)
+        base = free_port(host, width=n)
         if base + n > 65535:
             continue
         socks = []

@@ -187,6 +187,7 @@ def build(policy: str, state_dir: str) -> Bench:
     sched = rt.plugin(route.picker)
     b = Bench(policy, snap, rt, svc, sched, backend, route, endpoints, sig, deque())
     probe = b.states(1, "probe")[0]
+    b.refresh()  # the samples are stale after 0.8 s (4 intervals): building the probe can take that long loaded
     picks = b.scheduler.pick(probe, backend, endpoints)  # a config that cannot decide fails here
     assert picks and picks[0] in endpoints, (policy, picks)
     b.dispatched(picks, probe)

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from extproc.stack import PORT_SLICE_ENV
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 BRIEF_EXAMPLE = DATA / "brief-example.yaml"
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`make test` runs the suite on several workers) each worker, and every process
+    it starts (the variable is inherited), picks ports in its own slice (extproc/stack.py free_port):
+    a port one worker chose but has not bound yet is never another's choice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker and count and worker[2:].isdigit():
+        os.environ[PORT_SLICE_ENV] = f"{int(worker[2:])}/{count}"
 
 
 @pytest.fixture
@@ -22,3 +35,14 @@ def write_config(tmp_path):
         return p
 
     return write
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, the end-to-end files (the long ones: 10 s to 5 min each) go first, so the
+    workers do not end with one of them running alone; pytest-randomly has already shuffled the files
+    and their tests, and this stable sort keeps that order inside each group (xdist's `loadfile` hands
+    out whole files in this order). Without xdist the order is pytest-randomly's alone."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    e2e = REPO / "tests" / "e2e"
+    items.sort(key=lambda item: 0 if e2e in Path(str(item.path)).parents else 1)

@@ -261,9 +261,13 @@ def test_stream_chunks_arrive_incrementally(paced_sim: Simulator) -> None:
     token (50 tokens at 50 tokens/s: about a second later)."""
     client = paced_sim.client()
     client.models.list()  # warm the client and its connection up
-    generated = lambda: _sample(_metrics(paced_sim), "vllm:generation_tokens_total",  # noqa: E731
-                                model_name=BASE_MODEL)
-    before = generated()
+    def now() -> tuple[float, float]:
+        """(tokens generated, requests running), from one scrape: consistent even on a loaded machine."""
+        text = _metrics(paced_sim)
+        return (_sample(text, "vllm:generation_tokens_total", model_name=BASE_MODEL),
+                _sample(text, "vllm:num_requests_running", model_name=BASE_MODEL))
+
+    before = now()[0]
     seen: dict[int, tuple[float, float]] = {}  # content chunk -> (tokens generated so far, requests running)
     content = 0
     stream = client.chat.completions.create(
@@ -272,7 +276,8 @@ def test_stream_chunks_arrive_incrementally(paced_sim: Simulator) -> None:
         if chunk.choices and chunk.choices[0].delta.content:
             content += 1
             if content in (1, 10):
-                seen[content] = (generated() - before, _gauge(paced_sim, "vllm:num_requests_running"))
+                tokens, running = now()
+                seen[content] = (tokens - before, running)
     assert content == 50
     for index, (tokens, running) in seen.items():
         assert index <= tokens < 50 and running == 1, (index, tokens, running)

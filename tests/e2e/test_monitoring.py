@@ -90,8 +90,10 @@ scrape_configs:
     try:
         def query(expr: str) -> list:
             r = httpx.get(f"{api}/query", params={"query": expr}, timeout=10)
+            # 503 "Service Unavailable" (text) while Prometheus starts: not ready yet, polled again below
+            assert r.status_code == 200, (expr, r.status_code, r.text[:200])
             body = r.json()
-            assert r.status_code == 200 and body["status"] == "success", (expr, body)
+            assert body["status"] == "success", (expr, body)
             return body["data"]["result"]
 
         deadline = time.monotonic() + 60

@@ -6,6 +6,7 @@ privileged agent DaemonSet with its host mounts, the Envoy config from the one r
 from __future__ import annotations
 
 import copy
+import functools
 import shutil
 import subprocess
 import sys
@@ -55,8 +56,10 @@ def _strict(schema: dict) -> dict:
     return schema
 
 
+@functools.lru_cache(maxsize=None)
 def crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
-    crd = yaml.safe_load((SCHEMAS / CRDS[(api_version, kind)]).read_text())
+    """The CRD's validator, built once per kind (parsing the Gateway API CRDs took seconds per manifest)."""
+    crd = yaml.load((SCHEMAS / CRDS[(api_version, kind)]).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     group, version = api_version.split("/")
     assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
     served = {v["name"]: v for v in crd["spec"]["versions"]}

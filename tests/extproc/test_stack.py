@@ -29,6 +29,7 @@ class FakeSocket:
 
 
 def test_free_port_skips_the_reserved_ports(monkeypatch):
+    monkeypatch.delenv(stack.PORT_SLICE_ENV, raising=False)  # no slice (make test sets one per worker)
     monkeypatch.setattr(stack.socket, "socket", FakeSocket)
     FakeSocket.ports = [40001, 40002, 40003]
     assert stack.free_port(avoid={40001, 40002}) == 40003  # the kernel offered two reserved ones first
@@ -37,6 +38,7 @@ def test_free_port_skips_the_reserved_ports(monkeypatch):
 
 
 def test_free_port_gives_up_when_only_reserved_ports_come(monkeypatch):
+    monkeypatch.delenv(stack.PORT_SLICE_ENV, raising=False)  # no slice (make test sets one per worker)
     monkeypatch.setattr(stack.socket, "socket", FakeSocket)
     FakeSocket.ports = [40001] * 100
     with pytest.raises(RuntimeError, match="no free port outside the 1 reserved"):
@@ -51,3 +53,32 @@ def test_a_real_free_port_is_bindable_and_outside_avoid():
     assert port != first
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_a_port_slice_gives_disjoint_ports_and_blocks_that_stay_inside_it(monkeypatch):
+    monkeypatch.setattr(stack.socket, "socket", FakeSocket)
+    monkeypatch.setenv(stack.PORT_SLICE_ENV, "1/3")  # 64-port blocks: block b is slice b % 3
+    assert [(p // 64) % 3 for p in (40000, 40001, 40063, 40070, 40130)] == [1, 1, 1, 2, 0]
+    FakeSocket.ports = [40070, 40130, 40000]
+    assert stack.free_port() == 40000  # the kernel offered two other slices' ports first
+    FakeSocket.ports = [40001, 40070, 40063]
+    assert stack.free_port(avoid={40001}) == 40063
+    FakeSocket.ports = [40063, 40010]  # two ports from 40063 would cross into the next block (slice 2)
+    assert stack.free_port(width=2) == 40010
+
+
+def test_a_malformed_port_slice_is_refused_with_its_name(monkeypatch):
+    monkeypatch.setenv(stack.PORT_SLICE_ENV, "3/3")
+    with pytest.raises(ValueError, match="ADAPTER_PORT_SLICE='3/3': expected k/n"):
+        stack.free_port()
+
+
+def test_the_suite_runs_each_xdist_worker_in_its_own_slice():
+    import os
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        pytest.skip("not under pytest-xdist (`make test` runs it): no port slice is set for this run")
+    k, n = stack._port_slice()
+    assert (k, n) == (int(worker[2:]), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    assert stack._in_slice(stack.free_port(), 1, (k, n)) and stack._in_slice(stack.free_port_block(4), 4, (k, n))

@@ -56,9 +56,10 @@ def test_is_a_bounded_scorer():
 
 def test_per_endpoint_srtt_from_the_agents_snapshot(tmp_path):
     path = tmp_path / "agent.snap"
+    b = rtt(f"{{snapshot: {path}}}")
+    # published after the config's compile, which can take seconds on a loaded machine (staleAfterS 2)
     publish(path, [up(G0, 200.0, 10), up(G1, 400.0, 3), up(A185, 0.0, 0, last=800, count=5),
                    up("10.9.9.9:8000", 50.0, 1)])  # an upstream that is no candidate sets no scale
-    b = rtt(f"{{snapshot: {path}}}")
     assert scores(b) == pytest.approx({G0: 1.0, G1: 0.5, A185: 0.25, BARE: 0.5})  # BARE unseen: unknownScore
     assert plugin(b, "s").rtts(ctx(b, state(b)), FLEET)[0] == "ebpf"
     for _ in range(10):
@@ -67,8 +68,8 @@ def test_per_endpoint_srtt_from_the_agents_snapshot(tmp_path):
 
 def test_the_default_snapshot_is_the_tenancys(tmp_path):
     path = tmp_path / "tenancy.snap"
-    publish(path, [up(G1, 100.0, 2), up(G0, 300.0, 2)])
     b = rtt("{}")
+    publish(path, [up(G1, 100.0, 2), up(G0, 300.0, 2)])  # after the compile (staleAfterS 2)
     object.__setattr__(b.snap.tenancy, "snapshot", str(path))
     assert plugin(b, "s").snapshot_path(ctx(b, state(b))) == str(path)
     assert scores(b, (G0, G1)) == pytest.approx({G0: 1 / 3, G1: 1.0})
