@@ -120,7 +120,12 @@ def test_quota_holds_and_unlimited_tenant_gets_the_rest(burn_run):
     # "the rest": the unlimited tenant is never throttled and, with whatever else runs on the host,
     # uses all the capacity the limited tenant leaves (no CPU idles while its burners want it).
     assert free + other >= 0.9 * (ncpu - LIMIT), "capacity left idle while the unlimited tenant wanted it"
-    assert free > 1.5 * lim  # same demand (two busy loops each); only the limited one is held back
+    # same demand (two busy loops each); only the limited one is held back. Compared only when the host's
+    # other processes left the unlimited tenant room to show it (under make test's parallel workers they
+    # once took 1.53 of 2 CPUs, leaving it 0.27; the no-idle check above still held)
+    left = ncpu - LIMIT - other
+    if left >= 3 * LIMIT:
+        assert free > 1.5 * lim, f"the unlimited tenant got {free:.3f} CPU with {left:.3f} left to it"
     used, limit, nr_throttled, nr_procs = r["snap"]["lim"]
     assert used == pytest.approx(LIMIT, abs=0.05) and limit == LIMIT and nr_throttled > 0 and nr_procs == 2
     assert r["snap"]["free"][1] is None

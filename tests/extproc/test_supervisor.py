@@ -283,8 +283,10 @@ def test_sighup_to_adapterctl_serve_moves_every_worker(gateway, tmp_path):
         digest = load_file(gateway).digest
         assert state["generation"] == 2 and [w["digest"] for w in state["workers"]] == [digest, digest]
         assert [w["pid"] for w in state["workers"]] == pids[1:]  # reloaded in place, not restarted
-        routes = (xds / "rds.yaml").read_text()  # written after the workers acknowledged
-        assert digest in routes and "/v1/other" in routes
+        # written after the workers acknowledged, so it can come just after the generation shows
+        routes = poll(lambda: (lambda t: t if digest in t and "/v1/other" in t else None)(
+            (xds / "rds.yaml").read_text()), timeout=20)
+        assert routes, (xds / "rds.yaml").read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         assert f"config reload accepted: generation 2 (digest {digest}); workers 0=2 1=2" in proc.stderr.read()
