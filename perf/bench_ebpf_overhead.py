@@ -28,7 +28,6 @@ import argparse
 import os
 import platform
 import resource
-import socket
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import benchenv  # noqa: E402  (perf/ is this script\'s folder, on sys.path)
+from extproc.stack import free_port  # noqa: E402
 
 PIPE_PINGPONG = r"""
 import os, sys, time
@@ -155,10 +155,6 @@ print(n, dt)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def compile_c(tmp: Path) -> str | None:
@@ -310,12 +306,12 @@ def main(argv=None) -> int:
         compile_rtt_s = time.monotonic() - t0
         rtt.close()
         for _ in range(args.rounds):
-            port = _free_port()
+            port = free_port()
             tcp["off"].append(run_child(tcp_pingpong, "tcp", args.duration, cpu, port))
             rtt = TcpRtt(ports=[1])
             try:
-                tcp["filtered"].append(run_child(tcp_pingpong, "tcp", args.duration, cpu, _free_port()))
-                port = _free_port()
+                tcp["filtered"].append(run_child(tcp_pingpong, "tcp", args.duration, cpu, free_port()))
+                port = free_port()
                 rtt.set_ports([port])
                 tcp["watched"].append(run_child(tcp_pingpong, "tcp", args.duration, cpu, port))
             finally:
@@ -323,7 +319,7 @@ def main(argv=None) -> int:
             print(f"  tcp round trip us: off {tcp['off'][-1]:.2f}  filtered {tcp['filtered'][-1]:.2f}  "
                   f"watched {tcp['watched'][-1]:.2f}", flush=True)
 
-        tcp_port = _free_port()
+        tcp_port = free_port()
         probe_prog_ns = in_program_ns(lambda: TcpRtt(ports=[tcp_port]),
                                       lambda: run_child(tcp_pingpong, "tcp", min(args.duration, 1.0), cpu, tcp_port))
     finally:

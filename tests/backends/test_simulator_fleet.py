@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backends.simulator_engine import BlockPool, LatencyParams, block_hashes
 from backends.simulator_openai import SimulatorSettings, _parse_args, count_tokens
+from extproc.stack import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -77,10 +77,6 @@ def _value(metrics: dict, name: str, **labels: str) -> float:
     return metrics["samples"][(name, frozenset(labels.items()))]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -102,7 +98,7 @@ async def _await_until(predicate: Callable[[], bool], timeout: float, what: str)
 
 
 def _start(tmp: Path, *args: str) -> Sim:
-    port = _free_port()
+    port = free_port()
     log_path = tmp / f"sim-{port}.log"
     with log_path.open("wb") as log_file:
         process = subprocess.Popen(

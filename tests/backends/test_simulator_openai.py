@@ -31,6 +31,7 @@ import openai
 import pytest
 
 from backends.simulator_openai import SimulatorSettings, build_app, count_tokens, serve
+from extproc.stack import free_port
 from tests.promtext import families, parse
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,10 +86,6 @@ class Simulator:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="x", max_retries=0, timeout=20)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
@@ -101,7 +98,7 @@ def _wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> Non
 
 
 def _start(log_path: Path, *args: str) -> Simulator:
-    port = _free_port()
+    port = free_port()
     log_file = log_path.open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "backends.simulator_openai", "--port", str(port), *args],

@@ -23,6 +23,7 @@ from ebpf import agent as agent_mod  # noqa: E402
 from ebpf.agent import Agent  # noqa: E402
 from ebpf.cgroups import CgroupLayout, CgroupManager, QuotaError, TenantSpec  # noqa: E402
 from ebpf.snapshot import SnapshotReader  # noqa: E402
+from extproc.stack import free_port  # noqa: E402
 
 pytestmark = pytest.mark.ebpf
 LIMIT = 0.2
@@ -36,11 +37,6 @@ def _busy_cpu_s() -> float:
     return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +46,7 @@ def burn_run(tmp_path_factory):
     if (why := ebpf_reason()):
         pytest.skip(why)
     name = f"agw-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    port = _free_port()
+    port = free_port()
     agent = Agent([TenantSpec("lim", LIMIT), TenantSpec("free")], name=name, mode="ebpf",
                   snapshot=tmp_path_factory.mktemp("snap") / "a.snap", metrics_port=port)
     burners = Burners()
