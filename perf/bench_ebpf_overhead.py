@@ -155,8 +155,6 @@ print(n, dt)
 """
 
 
-
-
 def compile_c(tmp: Path) -> str | None:
     """Build the C ping-pongs with the host's cc (gcc comes with the kernel-headers packages); None if no cc."""
     cc = shutil.which("cc") or shutil.which("gcc")

@@ -45,4 +45,4 @@ def pytest_collection_modifyitems(config, items):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     e2e = REPO / "tests" / "e2e"
-    items.sort(key=lambda item: 0 if e2e in Path(str(item.path)).parents else 1)
+    items.sort(key=lambda item: 0 if item.path.is_relative_to(e2e) else 1)

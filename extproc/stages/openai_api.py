@@ -150,14 +150,13 @@ class OpenAIUsage:
         head, sep, rest = data.rpartition(b"\n\n")
         state.attrs["pending"] = rest if sep else data
         if b"data: [DONE]" in data:
-            state.attrs["done"] = True
-            state.delivered = True  # a client may close at [DONE] (lifecycle.derive_outcome)
+            state.delivered = True  # the stream's end is going out; a client may close at it (lifecycle.derive_outcome)
         body = msg.body
         if sep and b'"usage"' in head:
             body = self._usage_events(state, head, body)
-        if state.attrs.get("done") and state.usage is None and b"data: [DONE]" in body and self._asked_usage(state):
+        if state.delivered and state.usage is None and b"data: [DONE]" in body and self._asked_usage(state):
             body = body.replace(b"data: [DONE]", b"data: " + self._estimated_usage(state) + b"\n\ndata: [DONE]", 1)
-        if msg.end_of_stream and not state.attrs.get("done"):
+        if msg.end_of_stream and not state.delivered:
             # The backend ended the stream without `data: [DONE]`: tell the client in-band, in the
             # shape vLLM uses for errors inside a stream, then end the stream cleanly.
             error = {"error": {"message": f"backend {state.backend} ended the stream before it was complete",

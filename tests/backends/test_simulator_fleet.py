@@ -77,8 +77,6 @@ def _value(metrics: dict, name: str, **labels: str) -> float:
     return metrics["samples"][(name, frozenset(labels.items()))]
 
 
-
-
 def _wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

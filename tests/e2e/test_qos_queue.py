@@ -45,16 +45,21 @@ def config(name: str, classes: dict[str, str | None] | None = None, **admission)
 CONFIG = config("qos-queue", {"std": None, "gold": "P0", "batch": "P2"}, maxLimit=1, maxQueue=2, retryAfter=4)
 
 
+def body(max_tokens=4, stream=False) -> dict:
+    return {"model": "qwen2.5-finance", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
+            "stream": stream}
+
+
 def chat(st, tenant, max_tokens=4, timeout=30.0, stream=False):
     return httpx.post(f"{st.url}/v1/chat/completions", headers={"x-tenant-id": tenant}, timeout=timeout,
-                      json={"model": "qwen2.5-finance", "messages": [{"role": "user", "content": "hi"}],
-                            "max_tokens": max_tokens, "stream": stream})
+                      json=body(max_tokens, stream))
 
 
 class Holder(threading.Thread):
-    """A streamed request that holds the pool's slot while the simulator decodes it."""
+    """A streamed request that holds the pool's slot while the simulator decodes it (100 tokens: 5 s at the
+    stack's 20 tokens/s, so what queues behind it does so even on a loaded machine)."""
 
-    def __init__(self, st, max_tokens=60):
+    def __init__(self, st, max_tokens=100):
         super().__init__(daemon=True)
         self.st, self.max_tokens = st, max_tokens
         self.first = threading.Event()
@@ -62,8 +67,7 @@ class Holder(threading.Thread):
 
     def run(self):
         with httpx.stream("POST", f"{self.st.url}/v1/chat/completions", headers={"x-tenant-id": "std"}, timeout=30,
-                          json={"model": "qwen2.5-finance", "messages": [{"role": "user", "content": "hi"}],
-                                "max_tokens": self.max_tokens, "stream": True}) as r:
+                          json=body(self.max_tokens, stream=True)) as r:
             self.status = r.status_code
             for _ in r.iter_lines():
                 self.first.set()
@@ -73,13 +77,11 @@ class Holder(threading.Thread):
 def queued_then_closed(st, tenant: str) -> socket.socket:
     """A chat request sent on a raw connection, which the test closes while the request is still queued
     (a client going away at a moment the test chooses, not after a timeout the loaded machine can beat)."""
-    body = json.dumps({"model": "qwen2.5-finance", "messages": [{"role": "user", "content": "hi"}],
-                       "max_tokens": 4}).encode()
-    host, port = st.url.removeprefix("http://").rsplit(":", 1)
-    conn = socket.create_connection((host, int(port)), timeout=30)
+    raw = json.dumps(body()).encode()
+    conn = socket.create_connection((st.snapshot.listener.address, st.snapshot.listener.port), timeout=30)
     conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
-                 b"x-tenant-id: " + tenant.encode() + b"\r\ncontent-length: " + str(len(body)).encode()
-                 + b"\r\n\r\n" + body)
+                 b"x-tenant-id: " + tenant.encode() + b"\r\ncontent-length: " + str(len(raw)).encode()
+                 + b"\r\n\r\n" + raw)
     return conn
 
 
@@ -122,7 +124,7 @@ def test_queue_full_shapes_disconnects_and_priority_order(stack_factory, tmp_pat
     assert chat(st, "std").status_code == 200
     queued = "adapter_qos_queue_requests_total"
 
-    holder = Holder(st, max_tokens=100)  # 5 s of decoding at 20 tokens/s: the slot stays taken meanwhile
+    holder = Holder(st)
     holder.start()
     assert holder.first.wait(15)
     b, b_out = in_background(chat, st, "std")  # waits for the slot (under maxWait, 8 s)
@@ -155,7 +157,7 @@ def test_queue_full_shapes_disconnects_and_priority_order(stack_factory, tmp_pat
     assert chat(st, "std").status_code == 200  # no slot leaked: the limit is 1
 
     # P0 after P2 in arrival, served first once the slot frees
-    holder = Holder(st, max_tokens=100)  # 5 s: low and high both queue behind it, even loaded
+    holder = Holder(st)  # low and high both queue behind it
     holder.start()
     assert holder.first.wait(15)
     before = metric_sum(f"{st.processor_admin_url}/metrics", queued, result="queued")

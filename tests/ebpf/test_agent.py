@@ -37,8 +37,6 @@ def _busy_cpu_s() -> float:
     return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
 
 
-
-
 @pytest.fixture(scope="module")
 def burn_run(tmp_path_factory):
     """Two tenants, each with two busy loops, for RUN_S seconds under the eBPF agent:
