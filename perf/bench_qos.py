@@ -6,7 +6,8 @@ Issue 14 item 7. Every number this prints is a SIMULATOR result (backends/simula
 Fleet, capacity, load generation and stack: perf/bench_routing.py's, imported (its 8 heterogeneous
 simulators, 64 running slots in all, time scale 5: latencies are simulated ms x 5; its `low-sharing`
 workload: a 128-token preamble, a unique 1024-token question, 32 output tokens, streamed with usage;
-Poisson arrivals through the real Envoy and processor, 1 worker, Envoy's least-request balancing).
+Poisson arrivals through the real Envoy and processor, 1 worker; endpoints picked by `--routing`: by default
+bench_routing's `adapter-gateway` scheduling profile (predicted TTFT), or Envoy's least-request balancing).
 Capacity is measured first in the same run as bench_routing does for its 50/80/95% loads: a closed loop
 of 1.25 x 64 clients through least-request, completed requests per second. Then each policy runs
 every load step (default 100%, 110%, 120%, 130%, 140%, 150% of that capacity; 150% is the goal point,
@@ -20,14 +21,16 @@ and is P1 by its tenant entry. Classes' TTFT SLOs (simulated-and-scaled ms, fixe
 the latency model: the slowest node's unloaded TTFT is about 0.5 s): P0 1 s, P1 2 s, P2 5 s.
 
 Policies (one config each, `qos_config`):
-  - `none`: bench_routing's least-request config plus the tenants (`x-tenant-id`): no `spec.qos`, no
+  - `none`: bench_routing's config of `--routing` plus the tenants (`x-tenant-id`): no `spec.qos`, no
     budgets;
   - `qos`: the same plus `spec.qos`: classes from the trusted header and the tenant, the classes'
     SLOs, the class passed to the simulators as vLLM's `priority` (`enginePriority`), the admission
     pool on `pool` (adaptive limit starting at the fleet's 64 slots, queue by class then fair share
     then deadline, P2 sheddable with `--shedding` (default `gradual`: the PIE-style controller of
     extproc/qos/shedding.py, its default parameters; `immediate`: the estimated-wait rule, the
-    gateway's default); other settings the defaults: maxWait 800 ms), the glitch breaker
+    gateway's default); maxLimit the fleet's running slots (64: `--max-limit`; above them the engines
+    queue internally, where no gateway order helps), a reserve of 12.5 % of the limit for P0's own
+    requests (`--reserve`; extproc/qos/queue.py "Reserve"); other settings the defaults: maxWait 800 ms), the glitch breaker
     for every tenant (threshold 6 s end to end, about 2x the slowest node's unloaded full-batch
     request), and a token budget for every tenant (per day, large: it counts, it does not refuse here).
 
@@ -41,7 +44,7 @@ in the budget store (`MemoryStore` on the stack's state dir) against the sum of 
 tokens of the usage chunks its 200 answers carried, over every request the stack served (warm-ups
 included: every request is awaited).
 Run: `.venv/bin/python perf/bench_qos.py [--quick] [--duration 30] [--warmup 10] [--loads 1,1.1,1.2,1.3,1.4,1.5]
-[--capacity R] [--seed N] [--shedding gradual|immediate] [--out FILE] [--no-write]`. Writes perf/results/qos.json
+[--capacity R] [--seed N] [--shedding gradual|immediate] [--reserve F] [--dump FILE] [--out FILE] [--no-write]`. Writes perf/results/qos.json
 (and `--out FILE`),
 appends a section to perf/RESULTS.md unless --no-write. `--quick`: 2 s warm-up + 6 s measured per cell (the capacity's closed
 loop 2 s + 8 s: with 4 s measured it once gave 11.25 req/s where the pool then served 18.5 at 150 %).
@@ -95,12 +98,15 @@ RESULTS_JSON = REPO / "perf" / "results" / "qos.json"
 # --------------------------------------------------------------------------------------------------
 
 
-def qos_config(policy: str, fleet: Sequence[tuple[Any, Any, int]], shedding: str = "gradual") -> dict:
-    """The gateway config of `policy` over `fleet`: bench_routing's least-request config, the tenants, and
-    for `qos` the QoS section and the tenants' budgets."""
+def qos_config(policy: str, fleet: Sequence[tuple[Any, Any, int]], shedding: str = "gradual",
+               reserve: float | None = 0.125, routing: str = "adapter-gateway",
+               max_limit: int | None = None) -> dict:
+    """The gateway config of `policy` over `fleet`: bench_routing's config of `routing`, the tenants, and
+    for `qos` the QoS section (admission: `reserve` for P0, `max_limit` None: the fleet's slots, 0: the
+    config's default) and the tenants' budgets."""
     if policy not in POLICIES or shedding not in SHEDDING:
         raise ValueError(f"{policy}/{shedding}")
-    doc = copy.deepcopy(br.gateway_config("least-request", fleet))
+    doc = copy.deepcopy(br.gateway_config(routing, fleet))
     doc["metadata"]["name"] = f"bench-qos-{policy}"
     spec = doc["spec"]
     spec["routes"][0]["name"] = "api"
@@ -118,7 +124,10 @@ def qos_config(policy: str, fleet: Sequence[tuple[Any, Any, int]], shedding: str
         "slos": [{"name": f"ttft-{c.lower()}", "priorityClass": c, "ttft": f"{int(TTFT_SLO_S[c] * 1000)}ms"}
                  for c in CLASSES],
         "admission": [{"backend": "pool", "initialLimit": sum(n.max_num_seqs for n, _, _ in fleet),
-                       "sheddable": ["P2"], "shedding": {"mode": shedding}}],
+                       "sheddable": ["P2"], "shedding": {"mode": shedding},
+                       **({"reserve": reserve} if reserve is not None else {}),
+                       **({"maxLimit": max_limit} if max_limit else {}),
+                       **({} if max_limit is not None else {"maxLimit": sum(n.max_num_seqs for n, _, _ in fleet)})}],
     }
     return doc
 
@@ -419,6 +428,7 @@ def run_cell(st, sync, fleet, policy: str, load: float, capacity: float, args, s
     results, t0 = asyncio.run(br.open_loop(st.url + "/v1/chat/completions", reqs, arrivals, 0.0, total,
                                            args.timeout))
     records, measured = [], []
+    dump = open(args.dump, "a") if args.dump else None
     for res, (tenant, cls, _) in zip(results, who):
         usage = res.prompt_tokens + res.tokens if res.ok and res.prompt_tokens is not None else None
         rec = Record(tenant, cls, res.status, res.ok, res.ttft, res.tokens if res.ok else 0, res.req.max_tokens,
@@ -426,6 +436,16 @@ def run_cell(st, sync, fleet, policy: str, load: float, capacity: float, args, s
         records.append(rec)
         if res.start - t0 >= args.warmup:
             measured.append(rec)
+            if dump is not None:
+                dump.write(json.dumps({
+                    "policy": policy, "load": load, "at_s": round(res.start - t0 - args.warmup, 3), "tenant": tenant,
+                    "class": cls, "status": res.status, "ok": res.ok,
+                    "ttft_ms": round(res.ttft * 1e3, 1) if res.ttft is not None else None,
+                    # the node's speed shows in its inter-token latency (step time / speed)
+                    "itl_p50_ms": round(br.percentile([x * 1e3 for x in res.itls], 50), 1) if res.itls else None})
+                    + "\n")
+    if dump is not None:
+        dump.close()
     return measured, records
 
 
@@ -441,6 +461,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--shedding", choices=SHEDDING, default="gradual", help="the qos policy's P2 shedding mode")
+    ap.add_argument("--dump", help="append one JSON line per measured request (policy, load, at_s, tenant, class, "
+                    "status, ok, ttft_ms, itl_p50_ms) to this file")
+    ap.add_argument("--routing", choices=("least-request", "adapter-gateway"), default="adapter-gateway",
+                    help="both policies' endpoint picking: Envoy's least-request, or bench_routing's adapter-gateway "
+                    "scheduling profile")
+    ap.add_argument("--max-limit", type=int, default=None,
+                    help="the qos policy's admission maxLimit (default: the fleet's running slots, 64; 0: the config's)")
+    ap.add_argument("--reserve", type=float, default=0.125,
+                    help="the qos policy's admission reserve for P0 (a fraction of the limit; default: the config's)")
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("--no-write", action="store_true", help="print only: RESULTS.md and results/qos.json untouched")
@@ -488,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 st.stop()
         for policy in policies:
-            st = br.start_stack_config(f"qos-{policy}", qos_config(policy, fleet, args.shedding), run_dir)
+            cfg = qos_config(policy, fleet, args.shedding, args.reserve, args.routing, args.max_limit)
+            st = br.start_stack_config(f"qos-{policy}", cfg, run_dir)
             every: list[Record] = []
             try:
                 day_before = time.gmtime().tm_yday

@@ -46,8 +46,17 @@ def test_qos_on_has_admission_pool_classes_breaker_and_budgets(tmp_path):
     assert {t.tenant: t.priority_class for t in q.tenants}["noisy"] == "P1"
     assert {s.priority_class: s.ttft for s in q.slos} == bq.TTFT_SLO_S
     assert all(t.budget is not None and t.budget.tokens_per_day == bq.DAY_BUDGET_TOKENS for t in snap.tenants)
-    # the route and the fleet are bench_routing's least-request ones
-    assert snap.backends["pool"].lb_policy == "leastRequest" and len(snap.backends["pool"].endpoints) == 8
+    # P0's reserve, and no more in flight than the fleet's running slots
+    assert q.admission[0].reserve == 0.125 and q.admission[0].max_limit == 64
+    from extproc.qos.queue import admission_of
+
+    pool = admission_of(snap).pools["pool"]
+    assert pool.reserve == 0.125 and pool.reserved == frozenset({"P0"})  # the critical class by default
+    # the route and the fleet are bench_routing's adapter-gateway ones (least-request with routing=)
+    assert snap.spec.spec.routes[0].plugins == ("adapter-gateway",) and len(snap.backends["pool"].endpoints) == 8
+    lr = bq.qos_config("qos", FLEET, routing="least-request", max_limit=0, reserve=None)
+    assert lr["spec"]["backends"][0]["lbPolicy"] == "leastRequest"
+    assert "maxLimit" not in lr["spec"]["qos"]["admission"][0] and "reserve" not in lr["spec"]["qos"]["admission"][0]
 
 
 def test_qos_off_is_the_same_config_without_qos_and_budgets(tmp_path):

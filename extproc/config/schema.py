@@ -876,7 +876,9 @@ class QosAdmissionSpec(_Model):
     queue (extproc/qos/queue.py, docs/qos.md): requests over the limit wait, by priority class, tenant
     fair share and deadline, at most `maxWait` (below spec.processor.messageTimeout; default 80 % of
     it), `maxQueue` requests and `maxQueueBytes` of bodies; `sheddable` classes (default the last) get
-    429 with `Retry-After: retryAfter`, the others 503. `enabled: false` keeps the entry but turns it off."""
+    429 with `Retry-After: retryAfter`, the others 503. `reserve`: the fraction of the limit (at most
+    half) that only `reserveClasses`' own requests (default the critical classes, P0) may use.
+    `enabled: false` keeps the entry but turns it off."""
     backend: Annotated[str, Field(min_length=1)]
     enabled: bool = True
     initial_limit: Annotated[int, Field(ge=1, le=100000)] = 8
@@ -894,6 +896,8 @@ class QosAdmissionSpec(_Model):
     poll: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=1.0)] = 0.005
     fairness_window: Annotated[float, BeforeValidator(parse_duration), Field(gt=0, le=3600)] = 1.0
     shedding: QosSheddingSpec = QosSheddingSpec()
+    reserve: Annotated[float, Field(ge=0, le=0.5)] = 0.0
+    reserve_classes: tuple[Annotated[str, Field(min_length=1)], ...] | None = None
 
 
 class QosBriefBatchSpec(_Model):

@@ -10,10 +10,25 @@ otherwise it waits in the pool's queue: the ext_proc stream simply does not answ
 coroutine awaits a future; Envoy waits up to `spec.processor.messageTimeout` for the reply, so
 `maxWait` must be below it). Order of admission out of the queue:
     1. priority class (`state.attrs["qos.class"]`, `extproc/qos/priority.py`): a more urgent class first;
+       within a class, its own requests before those the priority matrix raised into it (band
+       "<class>/matrix"): when an SLO of the default class is missed, the matrix raises all of that
+       class's latency work to P0, several times P0's own traffic; in one band with it, P0's own
+       requests waited behind them and missed their TTFT (perf/RESULTS.md, bench_qos 2026-12-02 05:31
+       UTC: 446 P0 requests queued for 52 sent as P0, 58 timed out). The raised requests still go
+       before every request of their base class and carry the first class's engine priority;
     2. within a class, tenants by token-weighted fair share (`extproc/qos/fairness.py`);
     3. within a tenant, earliest deadline first: deadline = arrival + the smallest `ttft` of the SLOs the
        request falls under (`spec.qos.slos`), else arrival + the route's timeout; ties in arrival order.
 (llm-d flow control's shape: band, then fairness between flows, then the flow's ordering policy.)
+Reserve (`reserve`, a fraction of the limit, default 0; `reserveClasses`, default the critical classes,
+P0): the requests of other bands are admitted only while the pool's in-flight count is below
+    limit - reserve_slots,   reserve_slots = min(ceil(reserve x limit), floor(limit / 2)),
+the reserved classes' own requests up to the limit. So when a P0 request comes, the engines behind the
+pool are not all full: an engine whose running batch is at `--max-num-seqs` queues a new request until a
+running one finishes (a whole answer's decode time: vLLM preempts for KV-cache blocks, not for a full
+batch), which no queue order in the gateway can shorten. What it costs: up to reserve_slots slots idle
+while no reserved request is in flight (the limiter still learns from the others' TTFTs: it grows only
+when the batch used half the limit). Matrix-raised requests are not the class's own: they do not use it.
 Bounds: `maxQueue` requests and `maxQueueBytes` of request bodies per pool and worker, `maxWait` per
 request. Refusals, in the route's error dialect, with `Retry-After: retryAfter`:
     a sheddable class (`sheddable`, default the last class, P2): 429 `overloaded` when the queue is full,
@@ -39,7 +54,8 @@ Metrics: adapter_qos_admission_limit{pool} (per worker), adapter_qos_admission_i
 wide, as last read), adapter_qos_queue_depth{pool,class} (summed over workers),
 adapter_qos_queue_requests_total{pool,class,result} (result: admitted, queued, shed, full, timeout,
 cancelled), adapter_qos_queue_wait_seconds{pool,class}, adapter_qos_fairness_jain{pool,class} (Jain's
-index of the weighted tokens admitted per waiting tenant, per `fairnessWindow`; min over workers).
+index of the weighted tokens admitted per waiting tenant, per `fairnessWindow`; min over workers). The
+`class` label is the band: "<class>/matrix" for the requests the priority matrix raised into a class.
 Off switch: pools not listed, or `enabled: false`, have no stage and no state (perf/bench_qos.py can
 write the same config with and without `admission`).
 Cost: routes without a pool: no stage. Admitted at once: a dict lookup, a read of every worker's slot
@@ -66,6 +82,7 @@ from extproc.datalayer.inflight import InflightTable
 from extproc.errors import reject
 from extproc.qos.fairness import FairShare, JainWindow
 from extproc.qos.limiter import GradientLimiter, LimiterParams
+from extproc.qos.priority import BASE_ATTR
 from extproc.qos.shedding import GRADUAL, Shedder, SheddingParams
 from extproc.types import Reject
 
@@ -88,6 +105,8 @@ class PoolConfig:
     poll: float
     fairness_window: float
     shedding: SheddingParams = SheddingParams()
+    reserve: float = 0.0  # fraction of the limit only `reserved` classes' own requests may use
+    reserved: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -129,13 +148,25 @@ def compile_admission(spec: Any, backends: Mapping[str, Any], message_timeout: f
             issue(where + ("shedding", "target"), f"target ({target:g}s) must be above 0 and below maxWait "
                   f"({wait:g}s): the maxWait bound would shed before the controller acts")
         order = tuple(sorted({c for c in shed if c in qos.classes}, key=lambda c: -qos.classes[c].rank))
+        reserved = a.reserve_classes if a.reserve_classes is not None else tuple(
+            c.name for c in qos.classes.values() if c.critical)
+        for j, c in enumerate(reserved if a.reserve > 0 or a.reserve_classes is not None else ()):
+            if c not in qos.classes:
+                issue(where + ("reserveClasses", j), f"unknown priority class {c!r} (classes: {names})")
+            elif c in shed:
+                issue(where + ("reserveClasses", j), f"class {c!r} is sheddable: the reserve is for the classes "
+                      "that are never shed")
+        if a.reserve > 0 and not reserved:
+            issue(where + ("reserve",), "no class may use the reserve: no class is critical and reserveClasses "
+                  "is not given")
         shedding = SheddingParams(sh.mode, target, sh.interval, sh.alpha, sh.beta, sh.max_probability, order)
         if not a.enabled:
             continue
         pools[a.backend] = PoolConfig(
             a.backend, LimiterParams(a.initial_limit, a.min_limit, a.max_limit, a.tolerance, a.smoothing, a.samples,
                                      a.min_rtt_window),
-            a.max_queue, a.max_queue_bytes, wait, frozenset(shed), a.retry_after, a.poll, a.fairness_window, shedding)
+            a.max_queue, a.max_queue_bytes, wait, frozenset(shed), a.retry_after, a.poll, a.fairness_window, shedding,
+            a.reserve, frozenset(reserved))
     if not pools:
         return None
     weights = {t.tenant: t.weight for t in spec.tenants if t.weight is not None}
@@ -157,13 +188,14 @@ def admission_of(snapshot: Any) -> AdmissionConfig | None:
 
 
 class Waiter:
-    __slots__ = ("state", "rank", "cls", "tenant", "deadline", "tokens", "weight", "size", "seq", "fut",
+    __slots__ = ("state", "rank", "raised", "cls", "tenant", "deadline", "tokens", "weight", "size", "seq", "fut",
                  "enqueued", "live", "admitted")
 
     def __init__(self, state: Any, rank: int, cls: str, tenant: str | None, deadline: float, tokens: float,
-                 weight: float, size: int, seq: int, enqueued: float, fut: Any = None):
+                 weight: float, size: int, seq: int, enqueued: float, fut: Any = None, raised: bool = False):
         self.state = state
         self.rank = rank
+        self.raised = raised  # the priority matrix raised it into `cls`: it waits behind the class's own requests
         self.cls = cls
         self.tenant = tenant
         self.deadline = deadline
@@ -176,12 +208,17 @@ class Waiter:
         self.live = True  # in the queue
         self.admitted = False
 
+    @property
+    def band(self) -> str:
+        """The band's name: the class, or "<class>/matrix" (the `class` label of the queue's metrics)."""
+        return f"{self.cls}/matrix" if self.raised else self.cls
+
 
 class _Band:
     __slots__ = ("name", "flows", "fair", "count", "dead", "jain")
 
     def __init__(self, name: str) -> None:
-        self.name = name  # the class
+        self.name = name  # the class, or "<class>/matrix" for the requests the matrix raised into it
         self.flows: dict[str | None, list] = {}  # tenant -> heap of (deadline, seq, Waiter)
         self.fair = FairShare()
         self.count = 0
@@ -190,17 +227,19 @@ class _Band:
 
 
 class AdmissionQueue:
-    """Waiting requests of one pool: class bands (by rank), tenant flows, each flow a deadline heap."""
+    """Waiting requests of one pool: class bands (by rank; a class's own requests before those the matrix
+    raised into it), tenant flows, each flow a deadline heap."""
 
     def __init__(self) -> None:
-        self.bands: dict[int, _Band] = {}
+        self.bands: dict[tuple[int, bool], _Band] = {}
         self.count = 0
         self.bytes = 0
 
     def push(self, w: Waiter) -> None:
-        band = self.bands.get(w.rank)
+        key = (w.rank, w.raised)
+        band = self.bands.get(key)
         if band is None:
-            band = self.bands[w.rank] = _Band(w.cls)
+            band = self.bands[key] = _Band(w.band)
         heapq.heappush(band.flows.setdefault(w.tenant, []), (w.deadline, w.seq, w))
         band.count += 1
         band.jain.waiting(w.tenant)
@@ -212,7 +251,7 @@ class AdmissionQueue:
         if not w.live:
             return
         w.live = False
-        band = self.bands[w.rank]
+        band = self.bands[(w.rank, w.raised)]
         band.count -= 1
         self.count -= 1
         self.bytes -= w.size
@@ -229,18 +268,19 @@ class AdmissionQueue:
                     del band.flows[tenant]
             band.dead = 0
 
-    def ahead(self, rank: int) -> int:
-        """Requests that would be admitted before a new one of class `rank` (its class and more urgent)."""
-        return sum(b.count for r, b in self.bands.items() if r <= rank)
+    def ahead(self, rank: int, raised: bool = False) -> int:
+        """Requests that would be admitted before a new one of class `rank` (its band and more urgent ones)."""
+        key = (rank, raised)
+        return sum(b.count for k, b in self.bands.items() if k <= key)
 
     def depth(self, rank: int) -> int:
-        b = self.bands.get(rank)
-        return b.count if b is not None else 0
+        """Requests waiting in class `rank` (its own and those the matrix raised into it)."""
+        return sum(b.count for (r, _), b in self.bands.items() if r == rank)
 
     def peek_band(self) -> _Band | None:
-        for rank in sorted(self.bands):
-            if self.bands[rank].count:
-                return self.bands[rank]
+        for key in sorted(self.bands):
+            if self.bands[key].count:
+                return self.bands[key]
         return None
 
     def pop(self) -> Waiter | None:
@@ -309,9 +349,19 @@ class PoolAdmission:
     def inflight(self) -> int:
         return self.table.get(self.key)
 
-    def room(self) -> tuple[bool, int]:
+    def reserve_slots(self) -> int:
+        """Slots of the limit kept for the reserved classes' own requests: reserve x limit, rounded up,
+        at most half the limit (rounded down: every class keeps at least half)."""
+        if self.cfg.reserve <= 0:
+            return 0
+        limit = self.limiter.limit
+        return min(math.ceil(self.cfg.reserve * limit), limit // 2)
+
+    def room(self, reserved: bool = False) -> tuple[bool, int]:
+        """(whether one more request of a band may start, the pool's gateway-wide in-flight count): below
+        the limit for a reserved class's own requests, below limit - reserve_slots for the others."""
         n = self.table.get(self.key)
-        return n < self.limiter.limit, n
+        return n < self.limiter.limit - (0 if reserved else self.reserve_slots()), n
 
     def take(self, state: Any, now: float, inflight: int) -> None:
         self.table.started(self.key)
@@ -348,7 +398,8 @@ class PoolAdmission:
         """Admit from the queue's head while there is room."""
         q = self.queue
         while q.count:
-            ok, n = self.room()
+            band = q.peek_band()
+            ok, n = self.room(band is not None and band.name in self.cfg.reserved)
             if not ok:
                 break
             w = q.pop()
@@ -356,15 +407,15 @@ class PoolAdmission:
                 break
             if w.fut is None or w.fut.done():  # timed out or cancelled at the same instant
                 if self.metrics is not None:
-                    self.metrics.depth(self.cfg.pool, w.cls).dec()
+                    self.metrics.depth(self.cfg.pool, w.band).dec()
                 continue
             now = self.clock()
             self.take(w.state, now, n)
             w.admitted = True
             w.fut.set_result(True)
             if self.metrics is not None:
-                self.metrics.wait(self.cfg.pool, w.cls).observe(now - w.enqueued)
-                self.metrics.depth(self.cfg.pool, w.cls).dec()
+                self.metrics.wait(self.cfg.pool, w.band).observe(now - w.enqueued)
+                self.metrics.depth(self.cfg.pool, w.band).dec()
         self._fairness(self.clock())
 
     def _fairness(self, now: float) -> None:
@@ -385,7 +436,7 @@ class PoolAdmission:
         if w.live and not w.fut.done():
             self.queue.remove(w)
             if self.metrics is not None:
-                self.metrics.depth(self.cfg.pool, w.cls).dec()
+                self.metrics.depth(self.cfg.pool, w.band).dec()
             w.fut.set_result(False)
 
     def schedule(self) -> None:
@@ -413,7 +464,7 @@ class PoolAdmission:
         while self.queue.count:
             w = self.queue.pop()
             if w is not None and self.metrics is not None:
-                self.metrics.depth(self.cfg.pool, w.cls).dec()
+                self.metrics.depth(self.cfg.pool, w.band).dec()
             if w is not None and w.fut is not None and not w.fut.done():
                 self.take(w.state, self.clock(), 0)
                 w.admitted = True
@@ -523,7 +574,7 @@ class Admission:
         pools = {}
         for name, p in self.pools.items():
             lim = p.limiter
-            pools[name] = {"limit": lim.limit, "min_rtt_s": lim.min_rtt, "last_sample_rtt_s": lim.last_sample_rtt,
+            pools[name] = {"limit": lim.limit, "reserve_slots": p.reserve_slots(), "min_rtt_s": lim.min_rtt, "last_sample_rtt_s": lim.last_sample_rtt,
                            "updates": lim.updates, "own_slots": p.own, "hold_s": p.hold,
                            "shedding": {"mode": p.cfg.shedding.mode, "level": p.shedder.level},
                            "waiting": {b.name: b.count for b in p.queue.bands.values() if b.count},
@@ -561,37 +612,40 @@ class Admission:
         q = pool.queue
         now = self.clock()
         self.maybe_publish(now)
+        base = state.attrs.get(BASE_ATTR)
+        raised = base is not None and base[0].rank > cls.rank  # the priority matrix raised it
+        label = f"{name}/matrix" if raised else name  # its band: the metrics' class label
         if not q.count:
-            ok, n = pool.room()
+            ok, n = pool.room(not raised and name in cfg.reserved)
             if ok:
                 pool.take(state, now, n)
-                m.requests(cfg.pool, name, "admitted").inc()
+                m.requests(cfg.pool, label, "admitted").inc()
                 return None
         m.inflight(cfg.pool).set(pool.inflight())
         if q.count >= cfg.max_queue or q.bytes + size > cfg.max_queue_bytes:
-            return self._refuse(pool, cls, "full", f"the gateway queue of backend {cfg.pool} is full "
+            return self._refuse(pool, cls, label, "full", f"the gateway queue of backend {cfg.pool} is full "
                                 f"({q.count} requests, {q.bytes} bytes waiting; limit {cfg.max_queue} requests, "
                                 f"{cfg.max_queue_bytes} bytes)")
         shed = name in cfg.sheddable
         if shed and cfg.shedding.gradual:
             pool.observe_delay(now)
             if pool.shedder.shed(name):
-                return self._refuse(pool, cls, "shed", f"backend {cfg.pool} is overloaded (concurrency limit "
+                return self._refuse(pool, cls, label, "shed", f"backend {cfg.pool} is overloaded (concurrency limit "
                                     f"{pool.limiter.limit}, {q.count} waiting): class {name} is shed with "
                                     f"probability {pool.shedder.probability(name):.2f}")
         elif shed:
-            est = pool.estimate_wait(q.ahead(cls.rank) + 1)
+            est = pool.estimate_wait(q.ahead(cls.rank, raised) + 1)
             if est is not None and est > cfg.max_wait:
-                return self._refuse(pool, cls, "shed", f"backend {cfg.pool} is at its concurrency limit "
+                return self._refuse(pool, cls, label, "shed", f"backend {cfg.pool} is at its concurrency limit "
                                     f"({pool.limiter.limit}); the estimated wait ({est:.3f}s) is over the queue's "
                                     f"bound ({cfg.max_wait:g}s) for class {name}")
         tenant = state.tenant
         weight = self.cfg.weights.get(tenant, 1.0) if self.cfg is not None and tenant is not None else 1.0
         w = Waiter(state, cls.rank, name, tenant, self.deadline(state.started, state.route, tenant, name), tokens,
-                   weight, size, next(pool._seq), now, asyncio.get_running_loop().create_future())
+                   weight, size, next(pool._seq), now, asyncio.get_running_loop().create_future(), raised)
         q.push(w)
-        m.requests(cfg.pool, name, "queued").inc()
-        m.depth(cfg.pool, name).inc()
+        m.requests(cfg.pool, label, "queued").inc()
+        m.depth(cfg.pool, label).inc()
         pool.drain()  # a slot another worker freed since the check above
         pool.schedule()
         timer = asyncio.get_running_loop().call_later(cfg.max_wait, pool.expire, w)
@@ -601,20 +655,20 @@ class Admission:
             timer.cancel()
             if w.live:
                 q.remove(w)
-                m.depth(cfg.pool, name).dec()
+                m.depth(cfg.pool, label).dec()
             elif w.admitted:  # admitted, never dispatched: give the slot back now
                 pool.release(state, None)
-            m.requests(cfg.pool, name, "cancelled").inc()
+            m.requests(cfg.pool, label, "cancelled").inc()
             raise
         timer.cancel()
         if not ok:
-            return self._refuse(pool, cls, "timeout", f"waited {cfg.max_wait:g}s in the gateway queue of backend "
-                                f"{cfg.pool} (concurrency limit {pool.limiter.limit}) without a slot")
+            return self._refuse(pool, cls, label, "timeout", f"waited {cfg.max_wait:g}s in the gateway queue of "
+                                f"backend {cfg.pool} (concurrency limit {pool.limiter.limit}) without a slot")
         return None
 
-    def _refuse(self, pool: PoolAdmission, cls: Any, result: str, why: str) -> Reject:
+    def _refuse(self, pool: PoolAdmission, cls: Any, label: str, result: str, why: str) -> Reject:
         cfg = pool.cfg
-        self.metrics.requests(cfg.pool, cls.name, result).inc()
+        self.metrics.requests(cfg.pool, label, result).inc()
         if cls.name in cfg.sheddable:
             return reject(429, "overloaded", f"{why}; retry later", retry_after=cfg.retry_after,
                           backend=cfg.pool, priority_class=cls.name)

@@ -24,12 +24,15 @@ MODEL = "qwen2.5-finance"
 
 
 def config(path, tenants: str, store: str = "") -> str:
+    # messageTimeout 10 s: under make test's parallel workers on 2 cores a processor reply once took over the
+    # default 1 s and Envoy answered 504 (clean-clone run at d8eab6f); these tests count budgets, not latency
     path.write_text(f"""
 apiVersion: adapter.ai/v1
 kind: AdapterGateway
 metadata: {{name: budgets}}
 spec:
   modelRef: {MODEL}
+  processor: {{messageTimeout: 10s}}
   {store}
   tenants:
 {tenants}

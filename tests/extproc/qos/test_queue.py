@@ -37,6 +37,62 @@ def test_order_is_class_then_deadline_then_arrival():
     assert q.count == 0 and q.bytes == 0
 
 
+def test_requests_the_matrix_raised_wait_behind_the_class_own_and_before_their_base_class():
+    q = AdmissionQueue()
+    raised = [Waiter(SimpleNamespace(attrs={}, tenant="noisy"), P0.rank, P0.name, "noisy", 0.1, 1, 1.0, 0, i, float(i),
+                     raised=True) for i in range(3)]  # earlier deadlines than P0's own: still after them
+    own = [waiter(10, P0, deadline=5.0), waiter(11, P0, deadline=9.0)]
+    for w in (raised[0], own[0], raised[1], waiter(20, P1, deadline=0.0), raised[2], own[1]):
+        q.push(w)
+    assert q.ahead(P0.rank) == 2 and q.ahead(P0.rank, raised=True) == 5 and q.ahead(P1.rank) == 6
+    assert q.depth(P0.rank) == 5 and q.depth(P1.rank) == 1
+    assert {b.name for b in q.bands.values()} == {"P0", "P0/matrix", "P1"}
+    q.remove(raised[1])
+    assert q.depth(P0.rank) == 4
+    order = []
+    while (w := q.pop()) is not None:
+        order.append(w.seq)
+    assert order == [10, 11, 0, 2, 20]
+
+
+def test_acquire_puts_a_matrix_raised_request_behind_the_class_own():
+    from extproc.qos.priority import BASE_ATTR
+
+    async def main():
+        adm = admission(max_queue=10)
+        pool = adm.pools["llm"]
+        holders = [req(), req()]
+        for h in holders:
+            assert await adm.acquire(pool, h, P1, 1, 0) is None
+        admitted = []
+
+        async def wait(name, cls, base):
+            s = req()
+            s.attrs[BASE_ATTR] = (base, "matrix" if base is not cls else "header")
+            v = await adm.acquire(pool, s, cls, 1, 0)
+            admitted.append(name)
+            return s, v
+
+        tasks = [asyncio.create_task(wait("raised", P0, P1)), asyncio.create_task(wait("p1", P1, P1)),
+                 asyncio.create_task(wait("p0", P0, P0))]
+        await asyncio.sleep(0)
+        assert adm.view()["pools"]["llm"]["waiting"] == {"P0/matrix": 1, "P1": 1, "P0": 1}
+        for h in holders:
+            adm.release(h)
+            await asyncio.sleep(0)
+        assert admitted == ["p0", "raised"]
+        first, _ = await tasks[2]
+        adm.release(first)
+        results = await asyncio.gather(*tasks)
+        assert admitted == ["p0", "raised", "p1"] and all(v is None for _, v in results)
+        queued = {c: adm._registry.get_sample_value("adapter_qos_queue_requests_total",
+                                                    {"pool": "llm", "class": c, "result": "queued"})
+                  for c in ("P0", "P0/matrix", "P1")}
+        assert queued == {"P0": 1.0, "P0/matrix": 1.0, "P1": 1.0}
+
+    asyncio.run(main())
+
+
 def test_removed_waiters_are_skipped_and_their_bytes_leave():
     q = AdmissionQueue()
     a, b, c = waiter(0, size=10), waiter(1, size=20), waiter(2, size=30)
@@ -308,3 +364,49 @@ def test_status_adds_up_the_workers_published_pools(tmp_path):
     assert {w: v["limit"] for w, v in pool["workers"].items()} == {"0": 2, "1": 2}
     text = pretty({"config": {}, "admission": view})
     assert "pool llm: in flight 2 (gateway-wide); limit worker 0 2, worker 1 2; waiting P2 1" in text
+
+
+def test_reserve_keeps_slots_for_the_critical_class_own_requests():
+    from extproc.qos.priority import BASE_ATTR
+
+    async def main():
+        adm = admission(limiter=LimiterParams(initial=8, min_limit=1, max_limit=8), reserve=0.25,
+                        reserved=frozenset({"P0"}), max_queue=10)
+        pool = adm.pools["llm"]
+        assert pool.reserve_slots() == 2 and adm.view()["pools"]["llm"]["reserve_slots"] == 2
+        for _ in range(6):
+            assert await adm.acquire(pool, req(), P1, 1, 0) is None
+        p1 = asyncio.create_task(adm.acquire(pool, req(), P1, 1, 0))  # 6 of 8: P1 waits
+        raised = req()
+        raised.attrs[BASE_ATTR] = (P1, "matrix")
+        r = asyncio.create_task(adm.acquire(pool, raised, P0, 1, 0))  # raised into P0: not its own
+        await asyncio.sleep(0)
+        assert pool.queue.count == 2 and pool.inflight() == 6
+        own = [await adm.acquire(pool, req(), P0, 1, 0) for _ in range(2)]  # P0's own: up to the limit
+        assert own == [None, None] and pool.inflight() == 8
+        p1.cancel()
+        r.cancel()
+        await asyncio.gather(p1, r, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_reserve_is_at_most_half_the_limit_and_zero_by_default():
+    async def main():
+        adm = admission(limiter=LimiterParams(initial=3, min_limit=1, max_limit=3), reserve=0.5,
+                        reserved=frozenset({"P0"}))
+        assert adm.pools["llm"].reserve_slots() == 1  # ceil(1.5) = 2, at most floor(3 / 2) = 1
+        assert admission().pools["llm"].reserve_slots() == 0
+
+    asyncio.run(main())
+
+
+def test_reserve_config_defaults_to_the_critical_classes_and_refuses_bad_classes():
+    from extproc.qos.queue import admission_of
+
+    snap = load_admission("      - {backend: llm, reserve: 0.1}")
+    pool = admission_of(snap).pools["llm"]
+    assert pool.reserve == 0.1 and pool.reserved == frozenset({"P0"})
+    assert "reserveClasses" in refusal("      - {backend: llm, reserve: 0.1, reserveClasses: [P9]}")
+    assert "sheddable" in refusal("      - {backend: llm, reserve: 0.1, reserveClasses: [P2]}")
+    assert "reserve" in refusal("      - {backend: llm, reserve: 0.9}")
