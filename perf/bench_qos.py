@@ -30,8 +30,8 @@ Policies (one config each, `qos_config`):
     extproc/qos/shedding.py, its default parameters; `immediate`: the estimated-wait rule, the
     gateway's default); maxLimit the fleet's running slots (64: `--max-limit`; above them the engines
     queue internally, where no gateway order helps), a reserve of 12.5 % of the limit for P0's own
-    requests (`--reserve`; extproc/qos/queue.py "Reserve"); other settings the defaults: maxWait 800 ms), the glitch breaker
-    for every tenant (threshold 6 s end to end, about 2x the slowest node's unloaded full-batch
+    requests (`--reserve`; extproc/qos/queue.py "Reserve"); other settings the defaults: maxWait
+    800 ms), the glitch breaker for every tenant (threshold 6 s end to end, about 2x the slowest node's unloaded full-batch
     request), and a token budget for every tenant (per day, large: it counts, it does not refuse here).
 
 Reported per policy, load and class: requests sent, ttft_slo_attainment (requests whose first content
@@ -44,7 +44,8 @@ in the budget store (`MemoryStore` on the stack's state dir) against the sum of 
 tokens of the usage chunks its 200 answers carried, over every request the stack served (warm-ups
 included: every request is awaited).
 Run: `.venv/bin/python perf/bench_qos.py [--quick] [--duration 30] [--warmup 10] [--loads 1,1.1,1.2,1.3,1.4,1.5]
-[--capacity R] [--seed N] [--shedding gradual|immediate] [--reserve F] [--dump FILE] [--out FILE] [--no-write]`. Writes perf/results/qos.json
+[--capacity R] [--seed N] [--shedding gradual|immediate] [--routing adapter-gateway|least-request] [--reserve F]
+[--max-limit N] [--dump FILE] [--out FILE] [--no-write]`. Writes perf/results/qos.json
 (and `--out FILE`),
 appends a section to perf/RESULTS.md unless --no-write. `--quick`: 2 s warm-up + 6 s measured per cell (the capacity's closed
 loop 2 s + 8 s: with 4 s measured it once gave 11.25 req/s where the pool then served 18.5 at 150 %).
@@ -569,7 +570,9 @@ def main(argv: list[str] | None = None) -> int:
         br.stop_fleet(sync, fleet)
     elapsed = time.monotonic() - started
     doc = document(rows, jains, loads, budgets=budgets, tenants=tenants, jain_by_class=jain_classes, qos_metrics=qos_metrics,
-                   served=served, shedding=args.shedding,
+                   served=served, shedding=args.shedding, routing=args.routing, reserve=args.reserve,
+                   max_limit=(sum(n.max_num_seqs for n, _, _ in fleet) if args.max_limit is None
+                              else args.max_limit or None),  # None: the config's default
                    capacity_rps=round(capacity, 3), time_scale=args.time_scale, quick=args.quick,
                    duration_s=args.duration, warmup_s=args.warmup, seed=args.seed, elapsed_s=round(elapsed),
                    shares=SHARES, class_mix=dict(CLASS_MIX), ttft_slo_ms={c: int(s * 1000) for c, s in TTFT_SLO_S.items()},
@@ -601,8 +604,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.warmup:g} s warm-up + {args.duration:g} s measured"
             + (" (`--quick`: few P0 requests per cell, NOT final numbers)" if args.quick else "") + ".\n"
             f"- tenants: 4 well-behaved at 1 share (P0/P1/P2 20/40/40 % by header), `noisy` at 10 shares (P1 by "
-            f"tenant); TTFT SLOs P0 1 s, P1 2 s, P2 5 s (scaled). QoS off: no spec.qos, no budgets; on: classes, "
-            f"enginePriority, admission pool (initialLimit 64, shedding `{args.shedding}`, defaults otherwise: "
+            f"tenant); TTFT SLOs P0 1 s, P1 2 s, P2 5 s (scaled). Both policies' routing: `{args.routing}`. "
+            f"QoS off: no spec.qos, no budgets; on: classes, "
+            f"enginePriority, admission pool (initialLimit 64, shedding `{args.shedding}`, reserve {args.reserve}, "
+            f"maxLimit {'the default' if args.max_limit == 0 else args.max_limit or 'the fleet slots (64)'}, defaults otherwise: "
             f"tolerance {LimiterParams().tolerance:g}, samples {LimiterParams().samples}), "
             f"glitch breaker {GLITCH_THRESHOLD} "
             f"per tenant, day token budgets.\n"

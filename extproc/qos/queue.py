@@ -187,6 +187,12 @@ def admission_of(snapshot: Any) -> AdmissionConfig | None:
 # --- the queue ------------------------------------------------------------------------------------
 
 
+def band_name(cls: str, raised: bool) -> str:
+    """A band's name: the class, or "<class>/matrix" for the requests the priority matrix raised into it
+    (also the `class` label of the queue's metrics)."""
+    return f"{cls}/matrix" if raised else cls
+
+
 class Waiter:
     __slots__ = ("state", "rank", "raised", "cls", "tenant", "deadline", "tokens", "weight", "size", "seq", "fut",
                  "enqueued", "live", "admitted")
@@ -210,8 +216,7 @@ class Waiter:
 
     @property
     def band(self) -> str:
-        """The band's name: the class, or "<class>/matrix" (the `class` label of the queue's metrics)."""
-        return f"{self.cls}/matrix" if self.raised else self.cls
+        return band_name(self.cls, self.raised)
 
 
 class _Band:
@@ -283,9 +288,10 @@ class AdmissionQueue:
                 return self.bands[key]
         return None
 
-    def pop(self) -> Waiter | None:
-        """The next request to admit (see the module docstring's order), out of the queue."""
-        band = self.peek_band()
+    def pop(self, band: _Band | None = None) -> Waiter | None:
+        """The next request to admit (see the module docstring's order), out of the queue; `band`: the
+        head band when the caller already has it (`peek_band`)."""
+        band = band if band is not None else self.peek_band()
         if band is None:
             return None
         best = None
@@ -399,10 +405,12 @@ class PoolAdmission:
         q = self.queue
         while q.count:
             band = q.peek_band()
-            ok, n = self.room(band is not None and band.name in self.cfg.reserved)
+            if band is None:
+                break
+            ok, n = self.room(band.name in self.cfg.reserved)
             if not ok:
                 break
-            w = q.pop()
+            w = q.pop(band)
             if w is None:
                 break
             if w.fut is None or w.fut.done():  # timed out or cancelled at the same instant
@@ -574,8 +582,9 @@ class Admission:
         pools = {}
         for name, p in self.pools.items():
             lim = p.limiter
-            pools[name] = {"limit": lim.limit, "reserve_slots": p.reserve_slots(), "min_rtt_s": lim.min_rtt, "last_sample_rtt_s": lim.last_sample_rtt,
-                           "updates": lim.updates, "own_slots": p.own, "hold_s": p.hold,
+            pools[name] = {"limit": lim.limit, "reserve_slots": p.reserve_slots(), "min_rtt_s": lim.min_rtt,
+                           "last_sample_rtt_s": lim.last_sample_rtt, "updates": lim.updates, "own_slots": p.own,
+                           "hold_s": p.hold,
                            "shedding": {"mode": p.cfg.shedding.mode, "level": p.shedder.level},
                            "waiting": {b.name: b.count for b in p.queue.bands.values() if b.count},
                            "jain": {b.name: b.jain.last for b in p.queue.bands.values() if b.jain.last is not None}}
@@ -614,7 +623,7 @@ class Admission:
         self.maybe_publish(now)
         base = state.attrs.get(BASE_ATTR)
         raised = base is not None and base[0].rank > cls.rank  # the priority matrix raised it
-        label = f"{name}/matrix" if raised else name  # its band: the metrics' class label
+        label = band_name(name, raised)  # the metrics' class label
         if not q.count:
             ok, n = pool.room(not raised and name in cfg.reserved)
             if ok:
@@ -725,4 +734,5 @@ def estimate_tokens(request: Any) -> int:
 
 
 __all__ = ["AdmissionConfig", "PoolConfig", "compile_admission", "admission_of", "AdmissionQueue", "Waiter",
+           "band_name",
            "PoolAdmission", "Admission", "AdmissionMetrics", "SLOT_ATTR", "estimate_tokens", "admission_view"]
