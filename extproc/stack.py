@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -67,20 +68,60 @@ def _in_slice(port: int, width: int, where: tuple[int, int] | None) -> bool:
     return (port // _BLOCK) % n == k and port % _BLOCK + width <= _BLOCK
 
 
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_FIXED_LOW = 20000  # below this, well-known services (Redis, Prometheus, brokers, databases) listen
+
+
+def fixed_port_range(path: str = EPHEMERAL_RANGE) -> tuple[int, int] | None:
+    """The ports the kernel never hands out by itself: between 20000 and the start of its ephemeral
+    range (`ip_local_port_range`, 32768 by default), or above its end. A port chosen from the ephemeral
+    range by `bind(0)` can be taken, before Envoy or a worker binds it, as the source port of any
+    outgoing connection (a client's, Envoy's upstream's): a stack under load makes thousands. None when
+    the file cannot be read or leaves fewer than 2048 such ports (then `bind(0)` is used)."""
+    try:
+        low, high = (int(x) for x in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return None
+    if low - _FIXED_LOW >= 2048:
+        return _FIXED_LOW, low - 1
+    if 65535 - high >= 2048:
+        return high + 1, 65535
+    return None
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1", avoid: frozenset[int] | set[int] = frozenset(), width: int = 1) -> int:
-    """A port free now (the kernel's choice), other than those in `avoid`: ports a stack has chosen but
-    not yet bound (its processor workers bind theirs after the simulators start) look free too. With
+    """A port free now, other than those in `avoid`: ports a stack has chosen but not yet bound (its
+    processor workers bind theirs after the simulators start) look free too. Chosen at random from
+    `fixed_port_range()` and checked by binding it, so no outgoing connection takes it before its
+    owner binds it; the kernel's `bind(0)` choice where there is no such range. With
     `ADAPTER_PORT_SLICE` set, one in this process's slice (`width` ports from it in one block)."""
     where = _port_slice()
+    span = fixed_port_range()
+    rng = random.Random()
     tries = 100 if where is None else 100 * where[1]
     for _ in range(tries):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in avoid and _in_slice(port, width, where):
+        if span is None:
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+        else:
+            port = rng.randint(span[0], span[1] - width + 1)
+        if port in avoid or not _in_slice(port, width, where):
+            continue
+        if span is None or _bindable(host, port):
             return port
     raise RuntimeError(f"no free port outside the {len(avoid)} reserved ones"
-                       + (f" in slice {where[0]}/{where[1]} ({PORT_SLICE_ENV})" if where else ""))
+                       + (f" in slice {where[0]}/{where[1]} ({PORT_SLICE_ENV})" if where else "")
+                       + (f" in {span[0]}-{span[1]}" if span else ""))
 
 
 def free_port_block(n: int, host: str = "127.0.0.1") -> int:
