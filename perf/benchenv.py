@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+# Before a benchmark imports grpc: no gRPC fork handlers (benchmarks start stacks with subprocess and a
+# preexec_fn while their own gRPC clients run; every fork is followed by exec; see tests/conftest.py).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -6,9 +6,16 @@ import os
 import textwrap
 from pathlib import Path
 
-import pytest
+# Before any test imports grpc (it reads this once): no gRPC fork handlers in the test processes. They
+# start servers with subprocess and a preexec_fn, which forks while gRPC threads of earlier tests may
+# still run; the handlers then run in the child between fork and exec and can abort it (a simulator
+# "exited with code -6 during start-up" at CI, 2026-12-02; grpc doc/fork_support.md: set it to false
+# when every fork is followed by exec).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from extproc.stack import PORT_SLICE_ENV
+import pytest  # noqa: E402
+
+from extproc.stack import PORT_SLICE_ENV  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
