@@ -8,7 +8,7 @@ accepted config that has a `plan:` block (`RolloutRef.control`, a `ControlConfig
 ```
 samples = FeedReader.read()            every worker's finished requests since the last tick (canary/feed.py)
 for each sample of a controlled rollout, at or after the moment its current weights went live:
-    windows.observe(arm, t, latency_ms, ttft_ms, error)
+    windows.observe(arm, t, latency_ms, ttft_ms, error, unit)   unit: the key's id (a cluster for the judge)
 for each controlled rollout whose `interval` has passed, and whose weights are live:
     verdict = judge_windows(windows, baseline, ramped arm, now, judge config)
     event = plan.advance(wall time, verdict, windows.samples())           promote | rollback | hold
@@ -364,7 +364,7 @@ class Controller:
                     rc.stale += 1
                     continue
                 rc.windows.observe(hit[1], s.t, latency_ms=finite(s.latency_ms), ttft_ms=finite(s.ttft_ms),
-                                   error=s.error)
+                                   error=s.error, unit=s.unit)
                 rc.observed += 1
                 used += 1
         return used

@@ -16,6 +16,7 @@ What a record says (`Sample`):
 | `latency_ms` | end to end: Envoy's access-log `duration` when it came, else `on_done` - the stream's start; ok requests only, else NaN |
 | `ttft_ms` | the first response body chunk's time (`state.first_body`, streamed answers: the first token) - start; else the upstream's first byte (`Completion.first_upstream_byte`); ok requests only; NaN when unknown |
 | `error` | 1 for `backend_error` (a 5xx from or for the backend, a processor 502), `truncated`, `timeout`; 0 for `ok` and `rejected` (a 4xx, or a refusal before any backend) |
+| `unit` | the assignment key's id (`state.variant_unit`, `canary.assign.unit`: 24 bits), None for a keyless or forced request: the judge counts one key's requests as one cluster |
 
 Client cancels (`cancelled`) write nothing: the client went away, the arm did not fail, and the
 latency is the client's. So `error` counts every judged request, and the judge's error window is
@@ -23,7 +24,7 @@ the request count.
 
 File layout (little-endian): a 32-byte header `magic "ACFEED01", capacity u64, boot u64 (the pid
 and start time), count u64` (records ever written), then `capacity` slots of 32 bytes
-`seq u32, flags u8 (bit 0: error), 3 pad, t f64, key u64, latency_ms f32, ttft_ms f32`; record i
+`seq u32, flags u8 (bit 0: error), unit u24 (0: none), t f64, key u64, latency_ms f32, ttft_ms f32`; record i
 lives in slot i mod capacity. One writer per file (its worker), so no lock: the writer zeroes the
 slot's `seq`, writes the record, then its `seq` (i mod 2^32 - 1, plus 1), then `count`; the reader
 reads `count`, then each slot from its cursor, and keeps a record only when `seq` is the expected
@@ -61,7 +62,7 @@ PREFIX = "canary-feed-"
 _HEADER = struct.Struct("<8sQQQ")  # magic, capacity, boot, count
 _COUNT = struct.Struct("<Q")
 _COUNT_AT = 24
-_RECORD = struct.Struct("<IB3xdQff")  # seq, flags, t, key, latency_ms, ttft_ms
+_RECORD = struct.Struct("<IIdQff")  # seq, flags | unit << 8, t, key, latency_ms, ttft_ms
 _SEQ = struct.Struct("<I")
 _SEQ_MOD = 0xFFFFFFFF
 ERROR_OUTCOMES = frozenset({Outcome.BACKEND_ERROR, Outcome.TRUNCATED, Outcome.TIMEOUT})
@@ -83,6 +84,7 @@ class Sample(NamedTuple):
     latency_ms: float  # NaN: not measured (an error)
     ttft_ms: float  # NaN: unknown
     error: bool
+    unit: int | None = None  # the assignment key's id; None: keyless or forced
 
 
 def _file_size(capacity: int) -> int:
@@ -124,7 +126,8 @@ class FeedWriter:
             return False
         return True
 
-    def write(self, key: int, t: float, latency_ms: float = NAN, ttft_ms: float = NAN, error: bool = False) -> None:
+    def write(self, key: int, t: float, latency_ms: float = NAN, ttft_ms: float = NAN, error: bool = False,
+              unit: int | None = None) -> None:
         buf = self._buf
         if buf is None:
             if self._failed or not self._open():
@@ -134,7 +137,8 @@ class FeedWriter:
         i = self._count
         off = _HEADER.size + (i % self.capacity) * _RECORD.size
         _SEQ.pack_into(buf, off, 0)
-        _RECORD.pack_into(buf, off, 0, 1 if error else 0, t, key, latency_ms, ttft_ms)
+        _RECORD.pack_into(buf, off, 0, (1 if error else 0) | ((unit or 0) & 0xFFFFFF) << 8, t, key, latency_ms,
+                          ttft_ms)
         _SEQ.pack_into(buf, off, _seq(i))
         self._count = i + 1
         _COUNT.pack_into(buf, _COUNT_AT, i + 1)
@@ -176,9 +180,9 @@ class FeedObserver:
                 ttft = c.first_upstream_byte * 1000.0
             else:
                 ttft = NAN
-            self.writer.write(key, now, duration * 1000.0, ttft, False)
+            self.writer.write(key, now, duration * 1000.0, ttft, False, state.variant_unit)
         else:
-            self.writer.write(key, now, NAN, NAN, outcome in ERROR_OUTCOMES)
+            self.writer.write(key, now, NAN, NAN, outcome in ERROR_OUTCOMES, state.variant_unit)
 
 
 @dataclass
@@ -267,7 +271,7 @@ class FeedReader:
             if seq != want or _SEQ.unpack_from(buf, off)[0] != want:
                 self.dropped += 1  # overwritten (the writer lapped this reader) while being read
                 continue
-            out.append(Sample(t, key, lat, ttft, bool(flags & 1)))
+            out.append(Sample(t, key, lat, ttft, bool(flags & 1), (flags >> 8) or None))
         tail.cursor = count
 
     def close(self) -> None:

@@ -15,7 +15,12 @@ irrelevant shift rolls a canary back):
   latency_ms, ttft_ms (a `LatencyRule`):
     beyond   = any q in `quantiles` (default p50, p99) with
                Q_c(q) > Q_b(q) + max(margin_ms, margin_ratio * Q_b(q))   (default margin 2 ms, ratio 0)
-    fail     = beyond and p < alpha, p the one-sided Mann-Whitney U test "canary > baseline".
+    fail     = beyond and p < alpha, p the one-sided Mann-Whitney U test "canary > baseline"; when the
+               observations carry units (the assignment key's id: the live feed records it for keyed
+               requests), the clustered rank test instead, since one user's requests are alike and the
+               U test, counting them as independent, rejects identical arms far more often than alpha
+               (bench_canary --user-sigma 0.5: 5 false rollbacks in 100 A/A ramps at 1e-5); an arm whose
+               keyed values come from fewer than 2 keys is inconclusive.
   error (an `ErrorRule`):
     beyond   = r_c >= max_rate and r_c > r_b + margin    (r = errors / n; defaults 0.02 %, 0.008 pp)
     fail     = beyond and p < error_alpha, p the one-sided Fisher exact test "canary rate > baseline rate".
@@ -43,6 +48,12 @@ Statistics:
   error count is hypergeometric(N, K, n_c); p = P(X >= e_c) (scipy.stats.fisher_exact(...,
   alternative="greater")). Exact at the small counts error rates of 0.01 % give, where a two-proportion
   z test is not.
+  Clustered rank test (`clustered_rank_test`): placements F = (mid-rank - 1/2) / N in the pooled sample,
+  D = mean_c(F) - mean_b(F), each arm's variance from its clusters' sums (the sandwich estimator, a
+  key's requests counted once, the factor G / (G - 1)), p = P(T_df >= D / se) with Welch-Satterthwaite
+  df over the clusters (Student's t through the regularized incomplete beta function). The arms' keys
+  are assigned at random (the sticky hash), which is what makes the clusters the independent units.
+  Without clustering it is the U test (D = U / (n_c n_b) - 1/2) with a slightly wider t reference.
   Quantiles: linear interpolation between order statistics (numpy's default, Hyndman-Fan type 7).
 Parameters: `JudgeConfig(alpha=1e-5 (the U tests), error_alpha=1e-3 (Fisher), min_samples=200,
 latency=LatencyRule(), ttft=LatencyRule(), errors=ErrorRule(), metrics=("latency_ms", "ttft_ms", "error"))`.
@@ -121,17 +132,18 @@ class WindowConfig:
 
 
 class Ring:
-    """The last `size` (time, value) observations of one metric of one arm; older than `max_age_s`
-    (relative to the `now` of a read) are dropped when read."""
+    """The last `size` (time, value, unit) observations of one metric of one arm; older than `max_age_s`
+    (relative to the `now` of a read) are dropped when read. `unit` is the observation's cluster (the
+    assignment key's id: a user's requests are alike) or None (an independent observation)."""
 
     __slots__ = ("_d", "max_age_s")
 
     def __init__(self, size: int, max_age_s: float | None = None) -> None:
-        self._d: deque[tuple[float, float]] = deque(maxlen=size)
+        self._d: deque[tuple[float, float, int | None]] = deque(maxlen=size)
         self.max_age_s = max_age_s
 
-    def add(self, t: float, value: float) -> None:
-        self._d.append((t, value))
+    def add(self, t: float, value: float, unit: int | None = None) -> None:
+        self._d.append((t, value, unit))
 
     def _expire(self, now: float | None) -> None:
         if self.max_age_s is None or now is None:
@@ -143,7 +155,11 @@ class Ring:
 
     def values(self, now: float | None = None) -> list[float]:
         self._expire(now)
-        return [v for _, v in self._d]
+        return [v for _, v, _ in self._d]
+
+    def units(self, now: float | None = None) -> list[int | None]:
+        self._expire(now)
+        return [u for _, _, u in self._d]
 
     def count(self, now: float | None = None) -> int:
         self._expire(now)
@@ -172,15 +188,16 @@ class Windows:
         return rings
 
     def observe(self, arm: str, now: float, *, latency_ms: float | None = None, ttft_ms: float | None = None,
-                error: bool | int | None = None) -> None:
-        """Record one request of `arm` finished at `now` (seconds, the caller's monotonic clock)."""
+                error: bool | int | None = None, unit: int | None = None) -> None:
+        """Record one request of `arm` finished at `now` (seconds, the caller's monotonic clock); `unit`:
+        its assignment key's id (requests of one key are one cluster), None for a keyless request."""
         rings = self._rings(arm)
         if latency_ms is not None:
-            rings["latency_ms"].add(now, float(latency_ms))
+            rings["latency_ms"].add(now, float(latency_ms), unit)
         if ttft_ms is not None:
-            rings["ttft_ms"].add(now, float(ttft_ms))
+            rings["ttft_ms"].add(now, float(ttft_ms), unit)
         if error is not None:
-            rings["error"].add(now, 1.0 if error else 0.0)
+            rings["error"].add(now, 1.0 if error else 0.0, unit)
 
     def sample(self, arm: str, now: float | None = None) -> dict[str, list[float]]:
         """The arm's current window: metric -> values (oldest first). An unseen arm has empty lists."""
@@ -188,6 +205,13 @@ class Windows:
         if rings is None:
             return {m: [] for m in METRICS}
         return {m: r.values(now) for m, r in rings.items()}
+
+    def units(self, arm: str, now: float | None = None) -> dict[str, list[int | None]]:
+        """The units (cluster ids) of `sample`'s values, in the same order."""
+        rings = self._arms.get(arm)
+        if rings is None:
+            return {m: [] for m in METRICS}
+        return {m: r.units(now) for m, r in rings.items()}
 
     def counts(self, now: float | None = None) -> dict[str, dict[str, int]]:
         """arm -> metric -> observations in the window (for status and for the plan's `samples`)."""
@@ -320,6 +344,122 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float], *,
     return UTest(u, _normal_sf(z), z, "asymptotic", m, n)
 
 
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny, eps = 1e-300, 3e-16
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < eps:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b) (scipy.special.betainc)."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"x must be in [0, 1], not {x!r}")
+    if x in (0.0, 1.0):
+        return x
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def student_t_sf(t: float, df: float) -> float:
+    """P(T >= t) for Student's t with `df` degrees of freedom (scipy.stats.t.sf); df may be fractional."""
+    if not df > 0:
+        raise ValueError(f"df must be > 0, not {df!r}")
+    if df > 1e7:  # the normal, within 1e-5 relative out to z = 6; lgamma's rounding would cost more
+        return _normal_sf(t)
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return tail if t > 0 else 1.0 - tail
+
+
+@dataclass(frozen=True)
+class ClusteredRankTest:
+    """A one-sided rank test of "x is stochastically greater than y" for observations that come in
+    clusters (a user's requests are alike): see `clustered_rank_test`."""
+
+    d: float  # x's mean placement minus y's (placements in (0, 1): P(x > y) - 1/2 for unclustered data)
+    z: float  # d / its cluster-robust standard error
+    p: float
+    df: float  # Welch-Satterthwaite degrees of freedom over the clusters
+    clusters_x: int
+    clusters_y: int
+    n_x: int
+    n_y: int
+    design_effect: float  # the cluster-robust variance over the one that treats every value as independent
+
+
+def clustered_rank_test(x: Sequence[float], y: Sequence[float], units_x: Sequence[int | None],
+                        units_y: Sequence[int | None]) -> ClusteredRankTest:
+    """One-sided rank-sum test with a cluster-robust variance, alternative: x is stochastically greater.
+
+    Every value gets its placement in the pooled sample, F = (mid-rank - 1/2) / N in (0, 1). The
+    statistic is D = mean_x(F) - mean_y(F) (0 under H0; for unclustered data it is U / (n_x n_y) - 1/2,
+    the Mann-Whitney statistic rescaled). Its variance is estimated per sample from cluster sums, so
+    that a cluster (one key's requests, `units`; None: a value of its own) counts once however many
+    values it has (the sandwich estimator with the small-sample factor G / (G - 1)):
+        var_x = G_x / (G_x - 1) * sum_g (sum_{i in g} (F_i - mean_x(F)))^2 / n_x^2      (same for y)
+        z = D / sqrt(var_x + var_y),  df = (var_x + var_y)^2 / (var_x^2 / (G_x - 1) + var_y^2 / (G_y - 1))
+        p = P(T_df >= z)                                                     (Student's t, Welch df)
+    Keys are assigned to arms at random (the sticky hash), so under H0 the arms' clusters are
+    exchangeable and the clusters, not the values, are the independent units. With one value per
+    cluster this is the Mann-Whitney test up to the factor G / (G - 1) and the t reference.
+    Needs at least two clusters in each sample (ValueError otherwise). Cost: one sort of the pool."""
+    m, n = len(x), len(y)
+    if len(units_x) != m or len(units_y) != n:
+        raise ValueError("each value needs its unit (None for a value of its own)")
+    pooled = sorted([*x, *y])
+    big_n = m + n
+
+    def placements(vs: Sequence[float]) -> list[float]:
+        return [(bisect_left(pooled, v) + bisect_right(pooled, v)) / (2 * big_n) for v in vs]
+
+    def robust(fs: list[float], units: Sequence[int | None]) -> tuple[float, float, float, int]:
+        k = len(fs)
+        mean = math.fsum(fs) / k
+        sums: dict[Any, float] = {}
+        for i, (f, u) in enumerate(zip(fs, units)):
+            key = ("v", i) if u is None else u
+            sums[key] = sums.get(key, 0.0) + (f - mean)
+        g = len(sums)
+        if g < 2:
+            raise ValueError(f"at least two clusters are needed in each sample, not {g}")
+        var = g / (g - 1) * math.fsum(v * v for v in sums.values()) / (k * k)
+        naive = math.fsum((f - mean) ** 2 for f in fs) / (k * (k - 1)) if k > 1 else 0.0
+        return mean, var, naive, g
+
+    mx, vx, nx, gx = robust(placements(x), units_x)
+    my, vy, ny, gy = robust(placements(y), units_y)
+    d = mx - my
+    var = vx + vy
+    design = var / (nx + ny) if nx + ny > 0 else 1.0
+    if var <= 0:  # every value equal within both samples: no evidence either way
+        return ClusteredRankTest(d, 0.0, 1.0 if d <= 0 else 0.0, float(gx + gy - 2), gx, gy, m, n, design)
+    df = var * var / (vx * vx / (gx - 1) + vy * vy / (gy - 1))
+    z = d / math.sqrt(var)
+    return ClusteredRankTest(d, z, student_t_sf(z, df), df, gx, gy, m, n, design)
+
+
 def _log_comb(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
@@ -443,12 +583,30 @@ def _r(x: float) -> float:
     return round(x, 6)
 
 
+def _keyed(units: Sequence[int | None] | None) -> bool:
+    return units is not None and any(u is not None for u in units)
+
+
 def judge_latency(metric: str, base: Sequence[float], can: Sequence[float], rule: LatencyRule,
-                  alpha: float, min_samples: int) -> MetricVerdict:
+                  alpha: float, min_samples: int, units: tuple[Sequence[int | None] | None,
+                                                              Sequence[int | None] | None] | None = None
+                  ) -> MetricVerdict:
+    """`units` (baseline's, canary's: each value's cluster, None for one of its own): when either arm
+    has keyed values, the clustered rank test (`clustered_rank_test`) replaces Mann-Whitney's."""
     nb, nc = len(base), len(can)
     if nb < min_samples or nc < min_samples:
         return MetricVerdict(metric, "inconclusive", f"too few samples: baseline {nb}, canary {nc}, need "
                              f"{min_samples} each", nb, nc, {"min_samples": min_samples})
+    ub, uc = units if units is not None else (None, None)
+    clustered = _keyed(ub) or _keyed(uc)
+    if clustered:
+        ub = list(ub) if ub is not None else [None] * nb
+        uc = list(uc) if uc is not None else [None] * nc
+        gb, gc = len(set(ub)) + ub.count(None) - (None in ub), len(set(uc)) + uc.count(None) - (None in uc)
+        if gb < 2 or gc < 2:
+            return MetricVerdict(metric, "inconclusive", f"too few distinct keys: baseline {gb}, canary {gc}, "
+                                 f"need 2 each (a key's requests are one cluster)", nb, nc,
+                                 {"min_samples": min_samples, "clusters_baseline": gb, "clusters_canary": gc})
     sb, sc = sorted(base), sorted(can)
     quantiles, beyond = {}, []
     for q in rule.quantiles:
@@ -458,23 +616,32 @@ def judge_latency(metric: str, base: Sequence[float], can: Sequence[float], rule
         quantiles[name] = {"baseline": _r(qb), "canary": _r(qc), "limit": _r(limit)}
         if qc > limit:
             beyond.append(f"{name} {qc:.2f} > {limit:.2f} (baseline {qb:.2f} + margin)")
-    t = mann_whitney_u(can, base)
     ev = {"median_baseline": _r(quantile(sb, 0.5, presorted=True)),
           "median_canary": _r(quantile(sc, 0.5, presorted=True)),
           "mean_baseline": _r(math.fsum(sb) / nb), "mean_canary": _r(math.fsum(sc) / nc),
-          "quantiles": quantiles, "margin_ms": rule.margin_ms, "margin_ratio": rule.margin_ratio,
-          "u": _r(t.u), "z": None if t.z is None else _r(t.z), "p": t.p, "alpha": alpha,
-          "test": f"mann-whitney-u ({t.method}, one-sided greater)"}
-    significant = t.p < alpha
+          "quantiles": quantiles, "margin_ms": rule.margin_ms, "margin_ratio": rule.margin_ratio}
+    if clustered:
+        ct = clustered_rank_test(can, base, uc, ub)
+        p, name = ct.p, "rank test"
+        ev.update({"d": _r(ct.d), "z": _r(ct.z), "df": round(ct.df, 2), "p": p, "alpha": alpha,
+                   "clusters_baseline": ct.clusters_y, "clusters_canary": ct.clusters_x,
+                   "design_effect": round(ct.design_effect, 3),
+                   "test": "clustered rank-sum (cluster-robust variance by key, Student t, one-sided greater)"})
+    else:
+        t = mann_whitney_u(can, base)
+        p, name = t.p, "U test"
+        ev.update({"u": _r(t.u), "z": None if t.z is None else _r(t.z), "p": p, "alpha": alpha,
+                   "test": f"mann-whitney-u ({t.method}, one-sided greater)"})
+    significant = p < alpha
     if beyond and significant:
-        return MetricVerdict(metric, "fail", f"{'; '.join(beyond)} and U test p={t.p:.3g} < alpha {alpha:g}",
+        return MetricVerdict(metric, "fail", f"{'; '.join(beyond)} and {name} p={p:.3g} < alpha {alpha:g}",
                              nb, nc, ev)
     if beyond:
-        why = f"{'; '.join(beyond)} but U test p={t.p:.3g} >= alpha {alpha:g} (not significant)"
+        why = f"{'; '.join(beyond)} but {name} p={p:.3g} >= alpha {alpha:g} (not significant)"
     elif significant:
-        why = f"canary higher (U test p={t.p:.3g}) but within the margin at every quantile"
+        why = f"canary higher ({name} p={p:.3g}) but within the margin at every quantile"
     else:
-        why = f"within the margin at every quantile (U test p={t.p:.3g})"
+        why = f"within the margin at every quantile ({name} p={p:.3g})"
     return MetricVerdict(metric, "pass", why, nb, nc, ev)
 
 
@@ -514,8 +681,11 @@ def combine(metrics: Iterable[MetricVerdict]) -> Outcome:
 
 
 def judge(baseline: Mapping[str, Sequence[float]], canary: Mapping[str, Sequence[float]],
-          config: JudgeConfig = JudgeConfig(), *, names: tuple[str, str] = ("baseline", "canary")) -> Verdict:
-    """Compare two arms' windows (metric -> values, as `Windows.sample` returns) under `config`."""
+          config: JudgeConfig = JudgeConfig(), *, names: tuple[str, str] = ("baseline", "canary"),
+          units: tuple[Mapping[str, Sequence[int | None]], Mapping[str, Sequence[int | None]]] | None = None
+          ) -> Verdict:
+    """Compare two arms' windows (metric -> values, as `Windows.sample` returns) under `config`;
+    `units`: the two arms' metric -> units (`Windows.units`), for the clustered rank test."""
     out = []
     for m in config.metrics:
         b, c = list(baseline.get(m, ())), list(canary.get(m, ()))
@@ -523,18 +693,21 @@ def judge(baseline: Mapping[str, Sequence[float]], canary: Mapping[str, Sequence
             out.append(judge_errors(b, c, config.errors, config.error_alpha, config.min_samples))
         else:
             rule = config.latency if m == "latency_ms" else config.ttft
-            out.append(judge_latency(m, b, c, rule, config.alpha, config.min_samples))
+            mu = (units[0].get(m), units[1].get(m)) if units is not None else None
+            out.append(judge_latency(m, b, c, rule, config.alpha, config.min_samples, mu))
     return Verdict(combine(out), tuple(out), *names)
 
 
 def judge_windows(windows: Windows, baseline: str, canary: str, now: float | None = None,
                   config: JudgeConfig = JudgeConfig()) -> Verdict:
-    """`judge` on two arms of a `Windows`."""
-    return judge(windows.sample(baseline, now), windows.sample(canary, now), config, names=(baseline, canary))
+    """`judge` on two arms of a `Windows` (with their units: keyed requests are judged by key)."""
+    return judge(windows.sample(baseline, now), windows.sample(canary, now), config, names=(baseline, canary),
+                 units=(windows.units(baseline, now), windows.units(canary, now)))
 
 
 __all__ = [
-    "METRICS", "ErrorRule", "JudgeConfig", "JudgeError", "LatencyRule", "MetricVerdict", "Ring", "UTest",
-    "Verdict", "WindowConfig", "Windows", "combine", "fisher_greater", "judge", "judge_errors", "judge_latency",
-    "judge_windows", "mann_whitney_u", "quantile", "rank",
+    "METRICS", "ClusteredRankTest", "ErrorRule", "JudgeConfig", "JudgeError", "LatencyRule", "MetricVerdict",
+    "Ring", "UTest", "Verdict", "WindowConfig", "Windows", "betainc", "clustered_rank_test", "combine",
+    "fisher_greater", "judge", "judge_errors", "judge_latency", "judge_windows", "mann_whitney_u", "quantile",
+    "rank", "student_t_sf",
 ]

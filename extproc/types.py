@@ -170,6 +170,7 @@ class RequestState:
     # pending: the prefill is done at the first response body, extproc/stages/dispatch.dispatched)
     inflight: tuple[int, int] | None = None
     variant: str | None = None  # the variant chosen by dispatch (canary), if any
+    variant_unit: int | None = None  # its assignment key's id (canary.assign.unit), keyed requests only
     request: Any = None  # extproc.request.InferenceRequest
     input_doc: Any = None
     backend_request: bytes | None = None

@@ -56,7 +56,10 @@ Run:
     .venv/bin/python perf/bench_canary.py --quick --no-write --checks split,aa
 Options: `--trials N` (plan trials per case; default 100, 20 with --quick), `--seed N` (default 1),
 `--judge-every S` (simulated seconds between judgements, default 60), `--user-sigma S` (each user's prompts
-scaled by a lognormal(0, S) factor of their own, so requests cluster by user; default 0),
+scaled by a lognormal(0, S) factor of their own, so requests cluster by user; default 0), `--judge-by
+key|request` (key, the default: the judge gets each request's key id as the live feed records it and runs
+its clustered rank test; request: no ids, every request independent, Mann-Whitney: the judge before
+2026-12-02, for comparison),
 `--checks` (comma list of split, stickiness, aa, detection, drift; default all), `--out FILE` (JSON;
 default perf/results/canary.json, not written with --no-write unless --out is given), `--no-write`
 (RESULTS.md and the default JSON untouched). It prints each check's numbers and whether its goal was met,
@@ -93,7 +96,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchenv  # noqa: E402
 from backends.simulator_engine import LatencyParams  # noqa: E402
-from canary.assign import BUCKETS, Arm, Rollout, arm_at, assign, bucket  # noqa: E402
+from canary.assign import BUCKETS, Arm, Rollout, arm_at, assign, bucket, unit  # noqa: E402
 from canary.judge import JudgeConfig, WindowConfig, Windows, judge_windows  # noqa: E402
 from canary.plan import Plan, PlanConfig  # noqa: E402
 
@@ -380,16 +383,22 @@ class Population:
     cum: list[float]
     buckets: list[int]
     scales: list[float] | None = None  # per-user prompt-length factors (None: every user alike)
+    units: list[int | None] | None = None  # each user's judge unit (canary.assign.unit; None: judged by request)
 
     @classmethod
-    def build(cls, salt: str = ROLLOUT, users: int = USERS, user_sigma: float = 0.0) -> Population:
+    def build(cls, salt: str = ROLLOUT, users: int = USERS, user_sigma: float = 0.0,
+              judge_by: str = "key") -> Population:
         """`user_sigma` > 0: each user's prompts are longer or shorter by a lognormal(0, user_sigma) factor
-        of their own (fixed seed), so a user's requests are alike and requests cluster by user."""
+        of their own (fixed seed), so a user's requests are alike and requests cluster by user.
+        `judge_by` "key": the judge gets each request's key id, as the feed records it (the clustered
+        rank test); "request": none (every request independent: Mann-Whitney, the judge before 2026-12-02)."""
         scales = None
         if user_sigma > 0:
             r = random.Random(0xC1A55)
             scales = [r.lognormvariate(0.0, user_sigma) for _ in range(users)]
-        return cls(zipf_cum_weights(users), [bucket(salt, f"user-{i}") for i in range(users)], scales)
+        names = [f"user-{i}" for i in range(users)]
+        units = [unit(salt, k) for k in names] if judge_by == "key" else [None] * users
+        return cls(zipf_cum_weights(users), [bucket(salt, k) for k in names], scales, units)
 
 
 def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmModel = ArmModel(),
@@ -404,21 +413,22 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
     rollout = plan.rollout
     windows = Windows(window_config)
     models = {"stable": baseline, "canary": canary}
-    pending: list[tuple[float, int, str, float, float, bool]] = []
+    pending: list[tuple[float, int, str, float, float, bool, int]] = []
     seq = 0
     t, next_judge = 0.0, judge_every_s
     served = {"stable": 0, "canary": 0}
     looks, events = 0, []
     buckets, scales = pop.buckets, pop.scales
+    units = pop.units or [None] * len(buckets)
     while True:
         t += rng.expovariate(rate)
         while next_judge <= t:
             while pending and pending[0][0] <= next_judge:
-                done, _, arm, lat, ttft, err = heapq.heappop(pending)
+                done, _, arm, lat, ttft, err, unit = heapq.heappop(pending)
                 if err:  # as canary/feed.py records a failed request: no latency, no TTFT
-                    windows.observe(arm, done, error=True)
+                    windows.observe(arm, done, error=True, unit=unit)
                 else:
-                    windows.observe(arm, done, latency_ms=lat, ttft_ms=ttft, error=False)
+                    windows.observe(arm, done, latency_ms=lat, ttft_ms=ttft, error=False, unit=unit)
             verdict = judge_windows(windows, "stable", "canary", next_judge, judge_config)
             looks += verdict.verdict != "inconclusive"
             ev = plan.advance(next_judge, verdict, windows.samples(next_judge))
@@ -443,7 +453,7 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
         lat, ttft, err = models[arm].sample(rng) if scales is None else models[arm].sample(rng, scales[u])
         served[arm] += 1
         seq += 1
-        heapq.heappush(pending, (t + lat / 1000.0, seq, arm, lat, ttft, err))
+        heapq.heappush(pending, (t + lat / 1000.0, seq, arm, lat, ttft, err, units[u]))
 
 
 def _trials(n: int, first_seed: int, canary: ArmModel, pop: Population, **kw: Any) -> list[dict[str, Any]]:
@@ -625,7 +635,7 @@ def drift_check(hours: float, seed: int = 1, *, arms: Any = None, users: int = U
 
 def run(checks: Sequence[str], *, trials: int, seed: int, quick: bool, progress: Callable[[str], None] = print,
         stickiness_impl: str = "canary.assign:assign", judge_every_s: float = JUDGE_EVERY_S,
-        user_sigma: float = 0.0) -> dict[str, Any]:
+        user_sigma: float = 0.0, judge_by: str = "key") -> dict[str, Any]:
     out: dict[str, Any] = {}
     pop = None
     t0 = time.monotonic()
@@ -640,7 +650,7 @@ def run(checks: Sequence[str], *, trials: int, seed: int, quick: bool, progress:
         out["stickiness"] = stickiness_check(stickiness_impl)
         note("stickiness")
     if "aa" in checks or "detection" in checks:
-        pop = Population.build(user_sigma=user_sigma)
+        pop = Population.build(user_sigma=user_sigma, judge_by=judge_by)
     if "aa" in checks:
         out["aa"] = aa_check(trials, seed, pop=pop, judge_every_s=judge_every_s)
         note("aa")
@@ -682,6 +692,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--user-sigma", type=float, default=0.0,
                     help="per-user prompt-length factor lognormal(0, S) in the plan trials (default 0: users alike)")
+    ap.add_argument("--judge-by", choices=("key", "request"), default="key",
+                    help="key (default): the judge gets each request's key id, as the live feed records it, and "
+                         "counts a user's requests as one cluster; request: every request independent (the "
+                         "judge before 2026-12-02)")
     ap.add_argument("--judge-every", type=float, default=JUDGE_EVERY_S,
                     help=f"simulated seconds between judgements (default {JUDGE_EVERY_S:g})")
     ap.add_argument("--checks", default=",".join(CHECKS), help=f"comma list of {', '.join(CHECKS)}")
@@ -702,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     results = run(checks, trials=trials, seed=args.seed, quick=args.quick, judge_every_s=args.judge_every,
-                  user_sigma=args.user_sigma)
+                  user_sigma=args.user_sigma, judge_by=args.judge_by)
     elapsed = time.monotonic() - started
     argv_list = argv if argv is not None else sys.argv[1:]
     doc = {"schema": SCHEMA, "bench": "canary", "simulated": True, "note": SIMULATED,
@@ -712,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
            "seed": args.seed, "quick": args.quick, "trials": trials, "elapsed_s": round(elapsed, 1),
            "model": {"arm": ArmModel().params(), "rate_rps": RATE_RPS, "users": USERS, "zipf_s": ZIPF_S,
                      "zipf_q": ZIPF_Q, "judge_every_s": args.judge_every,
-                     "user_sigma": args.user_sigma, "max_trial_s": MAX_TRIAL_S,
+                     "user_sigma": args.user_sigma, "judge_by": args.judge_by, "max_trial_s": MAX_TRIAL_S,
                      "plan": {"steps": list(PlanConfig().steps), "min_samples": PlanConfig().min_samples,
                               "dwell_s": PlanConfig().dwell_s},
                      "judge": {"alpha": JudgeConfig().alpha, "error_alpha": JudgeConfig().error_alpha,
@@ -748,7 +762,10 @@ def results_text(doc: dict[str, Any]) -> str:
              f"- **{SIMULATED}**; Poisson arrivals at {m['rate_rps']:g} requests/s "
              f"on a simulated clock, {m['users']:,} users with Zipf-Mandelbrot activity 1/(i + {m['zipf_q']:g})"
              + (f", each user's prompts scaled by a lognormal(0, {m['user_sigma']:g}) factor of their own (requests "
-                f"cluster by user)" if m.get("user_sigma") else "") + "; the "
+                f"cluster by user)" if m.get("user_sigma") else "")
+             + ("; judged by key (each request's key id to the judge, its clustered rank test)"
+                if m.get("judge_by", "key") == "key" else "; judged by request (no key ids: Mann-Whitney, every "
+                                                          "request independent)") + "; the "
              f"controller loop judged every {m['judge_every_s']:g} simulated s; plan, judge and windows at their "
              f"defaults (steps {m['plan']['steps']} %, min_samples {m['plan']['min_samples']}, dwell "
              f"{m['plan']['dwell_s']:g} s; alpha {m['judge']['alpha']:g}, error_alpha {m['judge']['error_alpha']:g}, "

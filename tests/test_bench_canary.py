@@ -65,6 +65,7 @@ def test_main_writes_the_documented_json_and_leaves_results_md_alone(tmp_path, m
     assert doc["ok"] == all(c["ok"] for c in doc["checks"].values())
     assert doc["model"]["plan"] == {"steps": [1, 5, 25, 50, 100], "min_samples": 500, "dwell_s": 300.0}
     assert doc["model"]["arm"]["engine"]["step_base_s"] == 0.0062  # the simulator's vLLM formula
+    assert doc["model"]["judge_by"] == "key"
 
     split = doc["checks"]["split"]
     assert len(split["rows"]) == len(bc.SPLIT_SALTS) * len(bc.SPLIT_WEIGHTS_PCT)
@@ -93,7 +94,7 @@ def test_main_writes_the_documented_json_and_leaves_results_md_alone(tmp_path, m
 
     text = bc.results_text(doc)
     assert text.startswith("\n## ") and "perf/bench_canary.py --quick --trials 2" in text
-    assert doc["machine"] in text and "| A/A |" in text and "simulated" in text
+    assert doc["machine"] in text and "| A/A |" in text and "simulated" in text and "judged by key" in text
 
 
 def test_a_broken_assignment_fails_the_split_check():
@@ -151,6 +152,28 @@ def test_user_sigma_gives_each_user_a_fixed_prompt_factor_and_zero_changes_nothi
     assert m.sample(random.Random(3), 4.0)[1] > m.sample(random.Random(3))[1]  # longer prompts: later first token
 
 
+def test_judge_by_key_gives_each_user_the_feeds_unit_and_request_none(monkeypatch):
+    from canary.assign import unit
+
+    keyed = bc.Population.build(users=300)
+    assert keyed.units == [unit(bc.ROLLOUT, f"user-{i}") for i in range(300)]
+    assert bc.Population.build(users=300, judge_by="request").units == [None] * 300
+    # one A/A plan trial by key: the judge's evidence names the clustered test
+    from canary.judge import Windows
+
+    seen = []
+    real = bc.judge_windows
+
+    def spy(w: Windows, b, c, now, cfg):
+        v = real(w, b, c, now, cfg)
+        seen.extend(m.evidence.get("test", "") for m in v.metrics if m.metric == "ttft_ms")
+        return v
+
+    monkeypatch.setattr(bc, "judge_windows", spy)
+    bc.plan_trial(5, bc.ArmModel(), keyed, max_s=1800.0)
+    assert any(t.startswith("clustered rank-sum") for t in seen), seen
+
+
 def test_wilson_interval():
     lo, hi = bc.wilson(0, 100)
     assert lo == 0 and hi == pytest.approx(0.0370, abs=1e-4)
@@ -167,3 +190,5 @@ def test_bad_options_are_refused():
         bc.main(["--judge-every", "0", "--no-write"])
     with pytest.raises(SystemExit):
         bc.main(["--user-sigma", "-1", "--no-write"])
+    with pytest.raises(SystemExit):
+        bc.main(["--judge-by", "user", "--no-write"])

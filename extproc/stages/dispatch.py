@@ -111,6 +111,7 @@ def choose_variant(state: RequestState, ro: Any, candidates: tuple) -> Any:
     claims = claims_dict(attrs.get(CLAIMS_ATTR)) if ro.uses_claims else None
     a = decide(ro.rollout, ro.policy, RequestFacts(headers, claims, state.tenant))
     attrs[ASSIGNMENT_ATTR] = a
+    state.variant_unit = a.unit
     want = ro.arm_backends[a.arm]
     for b in candidates:
         if b.name == want:

@@ -14,7 +14,7 @@ import pytest
 
 from canary.assign import (
     BUCKETS, Arm, JwtClaim, KeyPolicy, Move, RequestFacts, Rollout, RolloutError, TenantKey, TrustedHeader, arm_at,
-    assign, bucket, decide, extract_key, forced_arm, monotone, moves,
+    UNIT_BITS, assign, bucket, decide, extract_key, forced_arm, monotone, moves, unit,
 )
 from tests.conftest import REPO
 
@@ -284,3 +284,20 @@ def test_invalid_rollouts_and_policies_name_the_field(build, field):
     with pytest.raises(RolloutError) as e:
         build()
     assert e.value.field == field and str(e.value).startswith(f"{field}: ")
+
+
+def test_a_keyed_assignment_carries_the_keys_unit_for_the_judge_and_others_none():
+    r = Rollout("ro", (Arm("canary", 3000),))
+    units = set()
+    for i in range(2000):
+        a = assign(r, f"user-{i}")
+        assert a.unit == unit("ro", f"user-{i}") and 1 <= a.unit < 2 ** UNIT_BITS
+        units.add(a.unit)
+    assert len(units) >= 1999  # 2,000 keys in 2**24 ids: a collision is rare (about 1 in 8 runs of keys)
+    assert unit("ro", "user-1") == unit("ro", "user-1") != unit("other-salt", "user-1")
+    assert assign(r, None, rng=random.Random(1)).unit is None  # keyless: each request independent
+    trusted = KeyPolicy((TrustedHeader("x-user-id"),), trusted_headers={"x-user-id", "x-canary"})
+    forced = decide(r, trusted, RequestFacts({"x-canary": "true", "x-user-id": "u"}))
+    assert forced.how == "forced" and forced.unit is None  # a tester's requests: not a random key
+    d = decide(r, trusted, RequestFacts({"x-user-id": "u"}))
+    assert d.unit == unit("ro", "u") and d.source == "header:x-user-id"

@@ -143,7 +143,8 @@ def test_samples_older_than_the_step_going_live_are_stale(tmp_path):
     ctl.commit(ctl.prepare(snapshot()))  # same weights: nothing goes stale
     old = [Sample(t0 - 0.5, variant_key("ro/canary"), 1.0, 1.0, False)]
     assert ctl.observe(old) == 0  # before the weights went live (the start)
-    assert ctl.observe([Sample(t0, variant_key("ro/canary"), 1.0, 1.0, False)]) == 1
+    assert ctl.observe([Sample(t0, variant_key("ro/canary"), 1.0, 1.0, False, 99)]) == 1
+    assert ctl._rollouts["ro"].windows.units("canary")["latency_ms"] == [99]  # the key's unit, for the judge
     assert ctl.observe([Sample(clock.mono, variant_key("other/x"), 1.0, 1.0, False)]) == 0  # not a rollout's
     assert ctl.status("ro")["ro"]["feed"]["stale"] == 1
 

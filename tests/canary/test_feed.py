@@ -128,3 +128,22 @@ def test_the_observer_skips_cancels_and_requests_without_a_variant_and_prefers_t
     obs(_state("ro/stable", start, first_body=start + 0.02), Outcome.OK)  # a streamed answer's first chunk
     [s] = FeedReader(tmp_path).read()
     assert s.ttft_ms == pytest.approx(20.0) and s.latency_ms >= 100.0  # no completion: on_done - start
+
+
+def test_the_key_unit_travels_in_the_record_and_old_records_read_as_none(tmp_path):
+    w = FeedWriter(tmp_path, worker=0, capacity=8)
+    k = variant_key("ro/canary")
+    w.write(k, 1.0, 5.0, 1.0, False, unit=0xABCDEF)
+    w.write(k, 2.0, 5.0, 1.0, True, unit=1)
+    w.write(k, 3.0, 5.0, 1.0, False)  # keyless: no unit (0 in the file, as records before units)
+    got = FeedReader(tmp_path).read()
+    assert [(s.unit, s.error) for s in got] == [(0xABCDEF, False), (1, True), (None, False)]
+
+
+def test_the_observer_records_the_requests_key_unit(tmp_path):
+    obs = FeedObserver(FeedWriter(tmp_path, worker=0))
+    start = time.monotonic() - 0.05
+    obs(_state("ro/canary", start, variant_unit=4242, completion=Completion(200, duration=0.04)), Outcome.OK)
+    obs(_state("ro/canary", start, variant_unit=77), Outcome.BACKEND_ERROR)
+    obs(_state("ro/canary", start), Outcome.OK)
+    assert [(s.unit, s.error) for s in FeedReader(tmp_path).read()] == [(4242, False), (77, True), (None, False)]

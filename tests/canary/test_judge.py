@@ -1,6 +1,7 @@
 """canary/judge.py: the U test (hand-computed cases, brute force, the exact distribution, calibration,
-scipy where importable), the Fisher test, quantiles, bounded windows, and the judge's per-metric
-verdicts with their evidence. Seeded; no timing."""
+scipy where importable), the Fisher test, Student's t, the clustered rank test (calibration on clustered
+A/A samples where the U test is not, power), quantiles, bounded windows with units, and the judge's
+per-metric verdicts with their evidence. Seeded; no timing."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from fractions import Fraction
 import pytest
 
 from canary.judge import (
-    METRICS, ErrorRule, JudgeConfig, JudgeError, LatencyRule, MetricVerdict, Ring, WindowConfig, Windows, combine,
-    fisher_greater, judge, judge_windows, mann_whitney_u, quantile, rank,
+    METRICS, ErrorRule, JudgeConfig, JudgeError, LatencyRule, MetricVerdict, Ring, WindowConfig, Windows, betainc,
+    clustered_rank_test, combine, fisher_greater, judge, judge_windows, mann_whitney_u, quantile, rank,
+    student_t_sf,
 )
 
 try:  # not a dependency of this project: checked against only where it happens to be installed
@@ -384,3 +386,134 @@ def test_judge_windows_reads_two_arms():
                   error=0)
     v = judge_windows(w, "stable", "canary", now=2000.0)
     assert (v.baseline, v.canary, v.verdict, v.failed) == ("stable", "canary", "fail", ("latency_ms",))
+
+
+# --------------------------------------------------------------------------------------------------
+# Student's t and the clustered rank test
+
+
+def test_student_t_tail_matches_tabulated_quantiles():
+    # two-sided 95 % and 99.9 % critical values from the t table, and the normal limit
+    for t, df, tail in ((12.706204736174707, 1, 0.025), (2.228138851986274, 10, 0.025), (2.042272456301238, 30, 0.025),
+                        (4.586893858, 10, 0.0005), (1.959963984540054, 1e12, 0.025)):
+        assert student_t_sf(t, df) == pytest.approx(tail, rel=1e-6), (t, df)
+        assert student_t_sf(-t, df) == pytest.approx(1 - tail, rel=1e-9)
+    assert student_t_sf(0.0, 7) == pytest.approx(0.5)
+    assert student_t_sf(3.0, math.inf) == pytest.approx(0.5 * math.erfc(3 / math.sqrt(2)))
+    # df 1 is the Cauchy distribution: P(T >= t) = 1/2 - atan(t) / pi, far into the tail too
+    for t in (0.3, 5.0, 1e4):
+        assert student_t_sf(t, 1) == pytest.approx(0.5 - math.atan(t) / math.pi, rel=1e-9)
+    # df 2 in closed form: 1/2 - t / (2 sqrt(t^2 + 2))
+    for t in (0.5, 3.0, 40.0):
+        assert student_t_sf(t, 2) == pytest.approx(0.5 - t / (2 * math.sqrt(t * t + 2)), rel=1e-9)
+    with pytest.raises(ValueError):
+        student_t_sf(1.0, 0)
+
+
+def test_betainc_closed_forms():
+    for x in (0.0, 0.1, 0.5, 0.93, 1.0):
+        assert betainc(1.0, 1.0, x) == pytest.approx(x)  # uniform
+        assert betainc(2.0, 1.0, x) == pytest.approx(x * x)
+        assert betainc(0.5, 0.5, x) == pytest.approx(2 / math.pi * math.asin(math.sqrt(x)), abs=1e-12)
+    with pytest.raises(ValueError):
+        betainc(1.0, 1.0, 1.5)
+
+
+def clustered_arm(rng: random.Random, users: int, *, sigma_user: float = 0.5, scale: float = 1.0,
+                  first: int = 0) -> tuple[list[float], list[int]]:
+    """Requests of `users` users with Zipf-like activity (user i sends about 40 / (i + 1) requests, at
+    least 1); each user's latencies share a lognormal(0, sigma_user) factor of their own."""
+    xs, us = [], []
+    for i in range(users):
+        f = rng.lognormvariate(0.0, sigma_user)
+        for _ in range(max(1, round(40 / (i + 1)))):
+            xs.append(scale * f * rng.lognormvariate(math.log(100), 0.3))
+            us.append(first + i)
+    return xs, us
+
+
+def test_unclustered_the_rank_test_agrees_with_mann_whitney():
+    rng = random.Random(31)
+    for shift in (0.0, 0.03, 0.08):
+        x = [rng.lognormvariate(3 + shift, 0.4) for _ in range(400)]
+        y = [rng.lognormvariate(3, 0.4) for _ in range(1500)]
+        ct = clustered_rank_test(x, y, [None] * len(x), [None] * len(y))
+        mw = mann_whitney_u(x, y)
+        assert ct.d == pytest.approx(mw.u / (len(x) * len(y)) - 0.5, abs=1e-12)
+        assert ct.z == pytest.approx(mw.z, abs=0.1) and ct.design_effect == pytest.approx(1.0, abs=0.05)
+        assert ct.clusters_x == 400 and ct.clusters_y == 1500
+
+
+def test_on_clustered_a_a_samples_the_rank_test_holds_alpha_and_the_u_test_does_not():
+    """400 A/A pairs of arms whose requests cluster by user (a user's latencies share a factor): at
+    alpha 0.01 the U test, which counts every request as independent, rejects far more often than 1 %;
+    the clustered test stays near 1 % (binomial: at most 10 of 400 is within 3 sigma of 4)."""
+    rng = random.Random(32)
+    mw_rej = ct_rej = 0
+    for _ in range(400):
+        x, ux = clustered_arm(rng, 60)
+        y, uy = clustered_arm(rng, 200, first=1000)
+        mw_rej += mann_whitney_u(x, y).p < 0.01
+        t = clustered_rank_test(x, y, ux, uy)
+        ct_rej += t.p < 0.01
+    assert ct_rej <= 10, ct_rej
+    assert mw_rej >= 60, mw_rej  # measured here: 100 to 140 of 400
+
+
+def test_the_rank_test_still_sees_a_clustered_regression():
+    """Every canary request 30 % slower, users' factors lognormal(0, 0.25): caught at p < 1e-3 in 42 of
+    50 here (the U test: 50, at the price of the false alarms above); clusters cost power, honestly."""
+    rng = random.Random(33)
+    caught = 0
+    for _ in range(50):
+        x, ux = clustered_arm(rng, 150, scale=1.3, sigma_user=0.25)
+        y, uy = clustered_arm(rng, 300, first=1000, sigma_user=0.25)
+        t = clustered_rank_test(x, y, ux, uy)
+        assert t.design_effect > 1.2  # the clusters do widen the variance
+        caught += t.p < 1e-3
+    assert caught >= 38, caught
+
+
+def test_the_rank_test_needs_two_clusters_per_sample_and_a_unit_per_value():
+    with pytest.raises(ValueError, match="two clusters"):
+        clustered_rank_test([1.0, 2.0, 3.0], [1.0, 2.0], [7, 7, 7], [None, None])
+    with pytest.raises(ValueError, match="needs its unit"):
+        clustered_rank_test([1.0, 2.0], [1.0], [1], [None])
+    flat = clustered_rank_test([5.0] * 4, [5.0] * 4, [1, 1, 2, 2], [3, 3, 4, 4])
+    assert flat.p == 1.0 and flat.d == 0.0  # all equal: no evidence
+
+
+def test_windows_keep_units_alongside_values_and_the_judge_uses_them():
+    w = Windows()
+    w.observe("a", 0.0, latency_ms=1.0, ttft_ms=0.5, error=0, unit=7)
+    w.observe("a", 1.0, latency_ms=2.0, error=1)
+    assert w.sample("a") == {"latency_ms": [1.0, 2.0], "ttft_ms": [0.5], "error": [0.0, 1.0]}
+    assert w.units("a") == {"latency_ms": [7, None], "ttft_ms": [7], "error": [7, None]}
+    assert w.units("unseen") == {m: [] for m in METRICS}
+    rng = random.Random(34)
+    base, can = Windows(), Windows()
+    for arm_w, users, first in ((base, 300, 0), (can, 80, 10_000)):
+        x, us = clustered_arm(rng, users, first=first)
+        for i, (v, u) in enumerate(zip(x, us)):
+            arm_w.observe("x", float(i), latency_ms=v, ttft_ms=v / 10, error=0, unit=u)
+    w2 = Windows()
+    for name, src in (("stable", base), ("canary", can)):
+        s, u = src.sample("x"), src.units("x")
+        for i, (v, t, uu) in enumerate(zip(s["latency_ms"], s["ttft_ms"], u["latency_ms"])):
+            w2.observe(name, float(i), latency_ms=v, ttft_ms=t, error=0, unit=uu)
+    v = judge_windows(w2, "stable", "canary", config=JudgeConfig(metrics=("latency_ms",)))
+    ev = v.metric("latency_ms").evidence
+    assert ev["test"].startswith("clustered rank-sum") and ev["clusters_canary"] == 80
+    assert ev["clusters_baseline"] == 300 and ev["design_effect"] > 1.0 and "u" not in ev
+
+
+def test_a_keyed_arm_with_one_key_is_inconclusive_not_judged():
+    rng = random.Random(35)
+    b = arm(rng, 400)
+    c = arm(rng, 400, shift_ms=50)
+    units = ({"latency_ms": list(range(400))}, {"latency_ms": [42] * 400})
+    v = judge(b, c, JudgeConfig(metrics=("latency_ms",)), units=units)
+    mv = v.metric("latency_ms")
+    assert mv.verdict == "inconclusive" and "too few distinct keys: baseline 400, canary 1" in mv.reason
+    # without units the same data fails (Mann-Whitney, every request independent)
+    assert judge(b, c, JudgeConfig(metrics=("latency_ms",))).verdict == "fail"

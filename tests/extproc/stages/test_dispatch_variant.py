@@ -126,6 +126,7 @@ def test_the_same_key_gets_the_same_arm_the_one_canary_assign_gives(snap, runtim
         assert v.dynamic_metadata == (("adapter", {"variant": f"r/{arm}"}),)
         a = state.attrs[ASSIGNMENT_ATTR]
         assert (a.how, a.source, a.reasons) == ("hash", "header:x-user-id", ())
+        assert state.variant_unit == a.unit == canary.assign.unit(rollout.hash_salt, user)  # the feed's cluster
         seen[user] = arm
     for user, arm in list(seen.items())[:50]:  # again: sticky
         assert send(snap, runtime, "v1", {"x-user-id": user})[0].variant == f"r/{arm}"
