@@ -40,7 +40,7 @@ step = 6.2 ms + 0.3 ms x seqs + 33 us x prefill tokens, at most 8,192 prefill to
   error    ~ Bernoulli(error_rate), 0.012 % on the baseline
 Traffic: Poisson arrivals at RATE_RPS = 20 requests/s on a simulated clock; each request's user drawn
 from USERS = 50,000 with Zipf-Mandelbrot activity p_i ~ 1 / (i + 100) (the most active user sends 0.16 %
-of requests, the top 10 together 1.5 %); the arm is `arm_at(plan.rollout, bucket(salt, user))`, the
+of requests, the top 10 together 1.5 %); the arm is `arm_at(plan.rollout, bucket(salt, user))` (each trial a new rollout, salt `bench-canary-<seed>`), the
 request path's hash; a request is observed into the judge's `Windows` when it finishes (arrival +
 latency), so in-flight requests of a step finish after it. The controller's loop is simulated as the
 live one runs it: every JUDGE_EVERY_S = 60 simulated seconds (`--judge-every`; canary/control.py's
@@ -96,7 +96,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchenv  # noqa: E402
 from backends.simulator_engine import LatencyParams  # noqa: E402
-from canary.assign import BUCKETS, Arm, Rollout, arm_at, assign, bucket, unit  # noqa: E402
+from canary.assign import BUCKETS, Arm, Rollout, arm_at, assign, bucket  # noqa: E402
 from canary.judge import JudgeConfig, WindowConfig, Windows, judge_windows  # noqa: E402
 from canary.plan import Plan, PlanConfig  # noqa: E402
 
@@ -384,6 +384,8 @@ class Population:
     buckets: list[int]
     scales: list[float] | None = None  # per-user prompt-length factors (None: every user alike)
     units: list[int | None] | None = None  # each user's judge unit (canary.assign.unit; None: judged by request)
+    salt: str = ROLLOUT  # the rollout's salt the buckets and units are for
+    judge_by: str = "key"
 
     @classmethod
     def build(cls, salt: str = ROLLOUT, users: int = USERS, user_sigma: float = 0.0,
@@ -396,16 +398,25 @@ class Population:
         if user_sigma > 0:
             r = random.Random(0xC1A55)
             scales = [r.lognormvariate(0.0, user_sigma) for _ in range(users)]
-        names = [f"user-{i}" for i in range(users)]
-        units = [unit(salt, k) for k in names] if judge_by == "key" else [None] * users
-        return cls(zipf_cum_weights(users), [bucket(salt, k) for k in names], scales, units)
+        return cls(zipf_cum_weights(users), [], scales, None, salt, judge_by).resalted(salt)
+
+    def resalted(self, salt: str) -> Population:
+        """The same users (activity, prompt factors) under another rollout's salt: other users in the canary."""
+        ro = Rollout(salt, (Arm("canary", 0),))
+        got = [assign(ro, f"user-{i}") for i in range(len(self.cum))]  # one digest per key: bucket and unit
+        units = [a.unit for a in got] if self.judge_by == "key" else [None] * len(got)
+        return Population(self.cum, [a.bucket for a in got], self.scales, units, salt, self.judge_by)
 
 
 def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmModel = ArmModel(),
                plan_config: PlanConfig = PlanConfig(), judge_config: JudgeConfig = JudgeConfig(),
                window_config: WindowConfig = WindowConfig(), rate: float = RATE_RPS,
                max_s: float = MAX_TRIAL_S, judge_every_s: float = JUDGE_EVERY_S) -> dict[str, Any]:
-    """One full plan on simulated arms; what happened and when (simulated seconds from the start)."""
+    """One full plan on simulated arms; what happened and when (simulated seconds from the start). Each
+    trial is a new rollout: its salt (`<salt>-<seed>`) puts another random set of users in the canary, as
+    the sticky hash does for every rollout (with --user-sigma users differ, and one fixed set would give
+    every trial that one set's luck: a false rollback rate of one assignment, not of the method)."""
+    pop = pop.resalted(f"{pop.salt}-{seed}")
     rng = random.Random(seed)
     users = UserDraws(random.Random(seed ^ 0x5EED), pop.cum)
     base = Rollout(ROLLOUT, (Arm("canary", 0),))
