@@ -22,8 +22,11 @@ the same code the request path and the controller call. Five checks, each with i
                the stated window, DETECTION_WINDOW canary requests; time to rollback (simulated seconds
                from the start of the ramp, and canary requests served) median and p95.
   drift        a long run at a fixed 10 % weight (examples/canary.yaml's) with sticky keys, Zipf-like user
-               activity and user churn: the canary's share of REQUESTS (not of keys) per simulated hour
-               stays within +-1 pp of the weight. The counter-example it is compared with is the failure
+               activity and user churn, in 5 populations (2 with --quick): the canary's share of REQUESTS
+               (not of keys) per simulated hour shows no trend toward the canary: its least-squares rise
+               over the run is under 1 pp in every population. Hourly shares within +-1 pp of the weight
+               are reported too, not required: they are off the weight by which users the hash put in the
+               canary (a fixed offset, about 0.5 pp sd here), not by drift. The counter-example it is compared with is the failure
                Flagger #1532 reports: cookie affinity, where a baseline response sets no cookie, so a user
                is re-drawn on every request until the canary catches it and keeps it (share -> 100 %).
 
@@ -626,9 +629,16 @@ def drift_check(hours: float, seed: int = 1, *, arms: Any = None, users: int = U
     wf = DRIFT_WEIGHT_BP / BUCKETS
     slopes = [r["slope_pp_per_hour"] for r in runs if r["slope_pp_per_hour"] is not None]
     toward = statistics.fmean(slopes) * hours if slopes else None  # needs 2 slices or more
-    return {"goal": f"canary share of requests per hour within +-{DRIFT_TOLERANCE_PP:g} pp of the weight, in every "
-                    f"hour of every population",
-            "ok": all(r["ok"] for r in runs), "hours": hours, "rate_rps": RATE_RPS, "users": users, "churn_per_hour": DRIFT_CHURN,
+    per_run = [None if r["slope_pp_per_hour"] is None else round(r["slope_pp_per_hour"] * hours, 3) for r in runs]
+    across["toward_canary_pp"] = per_run
+    # the goal (issue 11: "no drift toward the canary over time"): in every population the trend of the
+    # canary's share of requests over the run stays under the tolerance. Hourly shares within +-1 pp of the
+    # weight are reported, not required: a sticky split's share is off the weight by the activity of the
+    # users the hash put in the canary (share_sd_from_user_choice_pp), a fixed offset, not a drift.
+    ok = bool(runs) and all(t is not None and t < DRIFT_TOLERANCE_PP for t in per_run)
+    return {"goal": f"no drift toward the canary: in every population the canary's share of requests rises by "
+                    f"less than {DRIFT_TOLERANCE_PP:g} pp over the run (least-squares trend of the hourly shares)",
+            "ok": ok, "hours": hours, "rate_rps": RATE_RPS, "users": users, "churn_per_hour": DRIFT_CHURN,
             "activity": {"zipf_s": ZIPF_S, "zipf_q": ZIPF_Q, "sum_p2": round(conc, 6),
                          "top_user_share_pct": round(100 * (1 / (1 + ZIPF_Q) ** ZIPF_S) / zipf_cum_weights(users)[-1], 4),
                          "share_sd_from_user_choice_pp": round(100 * math.sqrt(wf * (1 - wf) * conc), 3)},
@@ -822,14 +832,16 @@ def results_text(doc: dict[str, Any]) -> str:
     if "drift" in c:
         d = c["drift"]
         st, ce = d["sticky"], d["counterexample"]
-        lines.append(f"| drift | {d['goal']} | sticky hash at {st['weight_pct']:g} %: worst hour "
-                     f"{st['max_abs_deviation_pp']:.2f} pp off, slope {st['slope_pp_per_hour']:+.4f} pp/h over "
-                     f"{d['hours']:g} h; {d['populations']['runs_within_every_hour']}/{d['populations']['runs']} "
-                     f"populations within at every hour (worst per population "
-                     f"{', '.join(_f(x, 2) for x in d['populations']['max_abs_deviation_pp'])} pp; slopes "
-                     f"{', '.join(f'{x:+.3f}' for x in d['populations']['slope_pp_per_hour'])} pp/h, mean trend "
-                     f"{_f(d['toward_canary_pp'], 2)} pp over the run: no drift toward the canary "
-                     f"{'(met)' if d['trend_ok'] else '(**NOT met**)'}); cookie affinity "
+        toward = d["populations"].get("toward_canary_pp") or []
+        lines.append(f"| drift | {d['goal']} | sticky hash at {st['weight_pct']:g} %, {d['hours']:g} h, "
+                     f"{d['populations']['runs']} populations: trend toward the canary over the run "
+                     f"{', '.join(f'{x:+.2f}' for x in toward if x is not None)} pp (mean "
+                     f"{_f(d['toward_canary_pp'], 2)} pp); hourly shares (reported, not the goal): "
+                     f"{d['populations']['runs_within_every_hour']}/{d['populations']['runs']} "
+                     f"populations within +-{DRIFT_TOLERANCE_PP:g} pp at every hour (worst per population "
+                     f"{', '.join(_f(x, 2) for x in d['populations']['max_abs_deviation_pp'])} pp, the spread from "
+                     f"which users are in the canary being {d['activity']['share_sd_from_user_choice_pp']:.2f} pp); "
+                     f"cookie affinity "
                      f"(Flagger #1532): {ce['slices'][0]['canary_share_pct']:.1f} % → "
                      f"{ce['slices'][-1]['canary_share_pct']:.1f} % ({_f(d['counterexample_toward_canary_pp'], 1)} pp) "
                      f"| {_yes(d['ok'])} |")

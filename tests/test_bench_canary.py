@@ -135,7 +135,9 @@ def test_drift_sticky_hash_holds_and_cookie_affinity_drifts_toward_the_canary():
 def test_drift_check_summarises_populations():
     d = bc.drift_check(2, populations=2, users=5000)
     assert d["populations"]["runs"] == 2 and len(d["populations"]["slope_pp_per_hour"]) == 2
-    assert d["ok"] == (d["populations"]["runs_within_every_hour"] == 2) and d["counterexample"]["ok"] is False
+    toward = d["populations"]["toward_canary_pp"]
+    assert toward == [round(x * 2, 3) for x in d["populations"]["slope_pp_per_hour"]]
+    assert d["ok"] == all(t < 1.0 for t in toward) and d["counterexample"]["ok"] is False
     assert d["trend_ok"] is (d["toward_canary_pp"] < 1.0) and d["counterexample_toward_canary_pp"] > 1.0
     assert d["activity"]["share_sd_from_user_choice_pp"] > 0
 
@@ -192,3 +194,8 @@ def test_bad_options_are_refused():
         bc.main(["--user-sigma", "-1", "--no-write"])
     with pytest.raises(SystemExit):
         bc.main(["--judge-by", "user", "--no-write"])
+
+
+def test_the_drift_goal_fails_for_a_split_that_drifts_toward_the_canary():
+    d = bc.drift_check(3, populations=2, users=5000, make_arms=lambda: bc.CookieAffinity(1000))
+    assert d["ok"] is False and all(t > 1.0 for t in d["populations"]["toward_canary_pp"])
