@@ -432,6 +432,7 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
     t, next_judge = 0.0, judge_every_s
     served = {"stable": 0, "canary": 0}
     looks, events = 0, []
+    min_p: dict[str, float] = {}
     buckets, scales = pop.buckets, pop.scales
     units = pop.units or [None] * len(buckets)
     while True:
@@ -445,6 +446,10 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
                     windows.observe(arm, done, latency_ms=lat, ttft_ms=ttft, error=False, unit=unit)
             verdict = judge_windows(windows, "stable", "canary", next_judge, judge_config)
             looks += verdict.verdict != "inconclusive"
+            for mv in verdict.metrics:  # the smallest p each latency test gave in the trial (calibration)
+                pv = mv.evidence.get("p")
+                if pv is not None and mv.metric != "error" and pv < min_p.get(mv.metric, 1.0):
+                    min_p[mv.metric] = pv
             ev = plan.advance(next_judge, verdict, windows.samples(next_judge))
             if ev.changed:
                 windows.clear()
@@ -456,12 +461,12 @@ def plan_trial(seed: int, canary: ArmModel, pop: Population, *, baseline: ArmMod
                 if plan.status in ("rolled_back", "completed"):
                     return {"seed": seed, "outcome": plan.status, "at_s": next_judge, "weight_bp": ev.from_weight_bp,
                             "canary_requests": served["canary"], "requests": served["canary"] + served["stable"],
-                            "looks": looks, "failed": events[-1]["failed"], "events": len(events)}
+                            "looks": looks, "failed": events[-1]["failed"], "events": len(events), "min_p": min_p}
             next_judge += judge_every_s
             if next_judge > max_s:
                 return {"seed": seed, "outcome": "running", "at_s": max_s, "weight_bp": plan.weight_bp,
                         "canary_requests": served["canary"], "requests": served["canary"] + served["stable"],
-                        "looks": looks, "failed": [], "events": len(events)}
+                        "looks": looks, "failed": [], "events": len(events), "min_p": min_p}
         u = users.next()
         arm = arm_at(rollout, buckets[u])
         lat, ttft, err = models[arm].sample(rng) if scales is None else models[arm].sample(rng, scales[u])
@@ -488,6 +493,10 @@ def aa_check(trials: int, seed: int = 1, *, pop: Population | None = None, canar
             "running_at_end": sum(r["outcome"] == "running" for r in res),
             "false_rollback_metrics": sorted({m for r in res if r["outcome"] == "rolled_back" for m in r["failed"]}),
             "looks_mean": round(statistics.fmean(r["looks"] for r in res), 1) if res else None,
+            # calibration of the latency tests: trials whose smallest p (over all looks) fell below each level;
+            # a calibrated test over ~43 correlated looks gives at most about 43 x level of the trials
+            "trials_min_p_below": {f"{lvl:g}": {m: sum(r["min_p"].get(m, 1.0) < lvl for r in res)
+                                                for m in ("latency_ms", "ttft_ms")} for lvl in (1e-3, 1e-4, 1e-5)},
             "completion_s_median": pctl([r["at_s"] for r in done], 50),
             "requests_per_trial_median": pctl([r["requests"] for r in res], 50),
             "canary_requests_per_trial_median": pctl([r["canary_requests"] for r in res], 50)}
@@ -818,7 +827,11 @@ def results_text(doc: dict[str, Any]) -> str:
         lo, hi = a["ci95_wilson"]
         lines.append(f"| A/A | {a['goal']} | **{a['false_rollbacks']} false rollbacks in {a['trials']}** (rate "
                      f"{a['rate']:.1%}, 95 % Wilson [{lo:.1%}, {hi:.1%}]); {a['completed']} completed, median "
-                     f"{_f(a['completion_s_median'])} s, {a['looks_mean']} judged looks per trial | {_yes(a['ok'])} |")
+                     f"{_f(a['completion_s_median'])} s, {a['looks_mean']} judged looks per trial"
+                     + (f"; rolled back on {', '.join(a['false_rollback_metrics'])}" if a["false_rollback_metrics"] else "")
+                     + ("; trials whose smallest latency / TTFT p fell below " + ", ".join(
+                         f"{lvl}: {v['latency_ms']} / {v['ttft_ms']}" for lvl, v in a["trials_min_p_below"].items())
+                        if a.get("trials_min_p_below") else "") + f" | {_yes(a['ok'])} |")
     if "detection" in c:
         d = c["detection"]
         for x in d["cases"]:

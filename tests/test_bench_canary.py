@@ -85,6 +85,9 @@ def test_main_writes_the_documented_json_and_leaves_results_md_alone(tmp_path, m
     aa = doc["checks"]["aa"]
     assert aa["trials"] == 2 and aa["false_rollbacks"] + aa["completed"] + aa["running_at_end"] == 2
     assert 0 <= aa["ci95_wilson"][0] <= aa["rate"] <= aa["ci95_wilson"][1] <= 1
+    below = aa["trials_min_p_below"]
+    assert set(below) == {"0.001", "0.0001", "1e-05"}
+    assert all(below["0.001"][m] >= below["0.0001"][m] >= below["1e-05"][m] >= 0 for m in ("latency_ms", "ttft_ms"))
     det = doc["checks"]["detection"]
     assert [c["case"] for c in det["cases"]] == ["ttft_x1.2", "errors_1pct"]
     assert det["window_canary_requests"] == bc.DETECTION_WINDOW
