@@ -47,11 +47,11 @@ def test_qos_on_has_admission_pool_classes_breaker_and_budgets(tmp_path):
     assert {s.priority_class: s.ttft for s in q.slos} == bq.TTFT_SLO_S
     assert all(t.budget is not None and t.budget.tokens_per_day == bq.DAY_BUDGET_TOKENS for t in snap.tenants)
     # P0's reserve, and no more in flight than the fleet's running slots
-    assert q.admission[0].reserve == 0.125 and q.admission[0].max_limit == 64
+    assert q.admission[0].reserve == 0.25 and q.admission[0].max_limit == 64
     from extproc.qos.queue import admission_of
 
     pool = admission_of(snap).pools["pool"]
-    assert pool.reserve == 0.125 and pool.reserved == frozenset({"P0"})  # the critical class by default
+    assert pool.reserve == 0.25 and pool.reserved == frozenset({"P0"})  # the critical class by default
     # the route and the fleet are bench_routing's adapter-gateway ones (least-request with routing=)
     assert snap.spec.spec.routes[0].plugins == ("adapter-gateway",) and len(snap.backends["pool"].endpoints) == 8
     lr = bq.qos_config("qos", FLEET, routing="least-request", max_limit=0, reserve=None)
