@@ -162,11 +162,15 @@ def bucket(salt: str, key: str) -> int:
     return _digest(salt, key) % BUCKETS  # modulo bias: < 10,000 / 2**64
 
 
+def _unit_of(digest: int) -> int:
+    return (digest >> (64 - UNIT_BITS)) or 1
+
+
 def unit(salt: str, key: str) -> int:
     """The key's id for the judge, in [1, 2**24): the top 24 bits of the bucket's digest (0 taken as 1).
     Requests with one key are one cluster (a user's requests are alike); two keys sharing an id (about
     one pair among 5,800 keys) are judged as one, which only makes the judge more cautious."""
-    return (_digest(salt, key) >> (64 - UNIT_BITS)) or 1
+    return _unit_of(_digest(salt, key))
 
 
 def arm_at(rollout: Rollout, b: int) -> str:
@@ -206,7 +210,7 @@ def assign(rollout: Rollout, key: str | None, *, rng: random.Random | None = Non
         return Assignment(rollout.name, arm_at(rollout, b), "random", b)
     v = _digest(rollout.hash_salt, key)
     b = v % BUCKETS
-    return Assignment(rollout.name, arm_at(rollout, b), "hash", b, unit=(v >> (64 - UNIT_BITS)) or 1)
+    return Assignment(rollout.name, arm_at(rollout, b), "hash", b, unit=_unit_of(v))
 
 
 @dataclass(frozen=True)

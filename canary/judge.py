@@ -285,6 +285,17 @@ class UTest:
     n_y: int
 
 
+def _mid_ranks(pooled: Sequence[float], values: Iterable[float]) -> list[float]:
+    """Each value's average rank (1-based) among the sorted `pooled` values:
+    (#values < v + #values <= v + 1) / 2."""
+    return [(bisect_left(pooled, v) + bisect_right(pooled, v) + 1) / 2 for v in values]
+
+
+def clusters(units: Sequence[int | None]) -> int:
+    """How many clusters `units` names: one per distinct unit, one per None (a value of its own)."""
+    return len({u for u in units if u is not None}) + sum(u is None for u in units)
+
+
 def _u_counts(m: int, n: int) -> list[int]:
     """The number of arrangements of m x's and n y's (no ties) with each U = 0..m*n."""
     # f[j][u]: arrangements of i x's and j y's with U = u, built up in i (x's added as the largest)
@@ -319,8 +330,7 @@ def mann_whitney_u(x: Sequence[float], y: Sequence[float], *,
     if m == 0 or n == 0:
         raise ValueError("mann_whitney_u needs at least one value in each sample")
     pooled = sorted([*x, *y])
-    # the average rank of v among the pooled values is (#values < v + #values <= v + 1) / 2
-    r_x = math.fsum(bisect_left(pooled, v) + bisect_right(pooled, v) + 1 for v in x) / 2
+    r_x = math.fsum(_mid_ranks(pooled, x))
     u = r_x - m * (m + 1) / 2
     ties = [t for t in Counter(pooled).values() if t > 1]
     if method == "auto":
@@ -432,7 +442,7 @@ def clustered_rank_test(x: Sequence[float], y: Sequence[float], units_x: Sequenc
     big_n = m + n
 
     def placements(vs: Sequence[float]) -> list[float]:
-        return [(bisect_left(pooled, v) + bisect_right(pooled, v)) / (2 * big_n) for v in vs]
+        return [(r - 0.5) / big_n for r in _mid_ranks(pooled, vs)]
 
     def robust(fs: list[float], units: Sequence[int | None]) -> tuple[float, float, float, int]:
         k = len(fs)
@@ -602,7 +612,7 @@ def judge_latency(metric: str, base: Sequence[float], can: Sequence[float], rule
     if clustered:
         ub = list(ub) if ub is not None else [None] * nb
         uc = list(uc) if uc is not None else [None] * nc
-        gb, gc = len(set(ub)) + ub.count(None) - (None in ub), len(set(uc)) + uc.count(None) - (None in uc)
+        gb, gc = clusters(ub), clusters(uc)
         if gb < 2 or gc < 2:
             return MetricVerdict(metric, "inconclusive", f"too few distinct keys: baseline {gb}, canary {gc}, "
                                  f"need 2 each (a key's requests are one cluster)", nb, nc,
@@ -707,7 +717,7 @@ def judge_windows(windows: Windows, baseline: str, canary: str, now: float | Non
 
 __all__ = [
     "METRICS", "ClusteredRankTest", "ErrorRule", "JudgeConfig", "JudgeError", "LatencyRule", "MetricVerdict",
-    "Ring", "UTest", "Verdict", "WindowConfig", "Windows", "betainc", "clustered_rank_test", "combine",
+    "Ring", "UTest", "Verdict", "WindowConfig", "Windows", "betainc", "clustered_rank_test", "clusters", "combine",
     "fisher_greater", "judge", "judge_errors", "judge_latency", "judge_windows", "mann_whitney_u", "quantile",
     "rank", "student_t_sf",
 ]
