@@ -17,8 +17,11 @@ components (the `component` label of `adapter_processor_latency_seconds{route,co
   difference across hosts (dropped, or 0, when negative).
 - `processor_request_headers`, `processor_request_body`, `processor_response_headers`,
   `processor_response_body`: processor time per phase (all messages of the phase, decode to encode).
-- `queue`: time the request waited in the gateway before dispatch. The gateway has no queue (admission
-  refuses, it never holds a request), so this is 0, recorded so that dashboards have the row.
+- `queue`: time the request spent in the gateway's admission before dispatch: the `qos-queue` stage
+  (`spec.qos.admission`, extproc/stages/qos_queue.py) records it in `state.attrs[QUEUE_ATTR]` as (phase,
+  seconds), its wait in the pool's queue included, and it is taken out of that phase's processor time (the
+  stage runs inside a phase message); 0 on routes without admission (no gateway queue), recorded so that
+  dashboards have the row.
 - `network_rtt`: the kernel's smoothed TCP RTT to the endpoint that served (`upstream.address`), from the
   tenant agent's eBPF snapshot (`ebpf/snapshot.py`, the same table `rtt-scorer` reads: the window mean,
   else the last srtt); absent when the agent is not running, its snapshot is stale, or it has not seen
@@ -57,6 +60,7 @@ from typing import Any, Callable, NamedTuple
 from extproc.types import Outcome, Phase, RequestState
 
 TIMING_ATTR = "attribution.timing"
+QUEUE_ATTR = "attribution.queue"  # (phase, seconds) in the qos-queue stage (extproc/stages/qos_queue.py)
 TIMING_METADATA_KEY = "timing"  # adapter.timing: the token, in the first reply of a request whose entry is wanted
 LATE_SPANS = 16  # response-phase spans kept for Envoy's share (the last ones: after the upstream's last byte)
 JOIN_TTL = 10.0  # seconds a request (or an entry) waits for its other half in `EnvoyJoin`
@@ -176,10 +180,13 @@ class Timing:
         out: dict[str, float] = {}
         if self.envoy is not None or self.gaps > 0.0:
             out["envoy"] = (self.envoy or 0.0) + self.gaps
+        queued = state.attrs.get(QUEUE_ATTR)
+        waited, in_phase = (queued[1], PHASE_COMPONENT[queued[0]]) if queued is not None else (0.0, None)
         for name, value in self.processor.items():
             if value > 0.0:
-                out[name] = value
-        out["queue"] = 0.0  # no gateway queue exists: admission refuses, never holds
+                # the admission stage ran inside this phase's message: its time is the queue's, not the processor's
+                out[name] = max(0.0, value - waited) if name == in_phase else value
+        out["queue"] = waited  # 0.0 on routes without admission (spec.qos.admission): no gateway queue
         endpoint = state.served or state.endpoint
         if rtt is not None and endpoint:
             r = rtt.seconds(state, endpoint)
@@ -205,7 +212,7 @@ def header_value(components: dict[str, float], total: float | None) -> str:
             continue
         entry = f"{name};dur={value * 1000.0:.3f}"
         if name == "queue":
-            entry += ';desc="no gateway queue"'
+            entry += ';desc="no gateway queue"' if value == 0.0 else ';desc="gateway admission"'
         elif name == "network_rtt":
             entry += ';desc="ebpf srtt"'
         parts.append(entry)
@@ -471,4 +478,4 @@ def check_route(spec: Any, kind: str, reads_response: bool, tenant_ids: set[str]
 
 __all__ = ["Timing", "ServerTimingStage", "AttributionObserver", "RttLookup", "header_value", "envoy_time",
            "start", "pipeline_builder", "check_route", "envoy_marks", "envoy_share", "EnvoyMarks", "COMPONENTS",
-           "TIMING_ATTR", "TIMING_METADATA_KEY", "HEADER"]
+           "TIMING_ATTR", "TIMING_METADATA_KEY", "HEADER", "QUEUE_ATTR"]

@@ -9,7 +9,9 @@ estimate prompt characters / 4 + max_tokens, its size the request body's bytes. 
 coroutine: the ext_proc stream does not answer the phase until the request is admitted), or refuses it
 in the route's error dialect: 429 `overloaded` with Retry-After for sheddable classes, 503
 `queue_full` / `queue_timeout` for the others. `on_done` releases the slot (its TTFT, admission to the
-first streamed body, feeds the pool's limiter, `extproc/qos/limiter.py`).
+first streamed body, feeds the pool's limiter, `extproc/qos/limiter.py`). On a route with `serverTiming` the
+time spent in `Admission.acquire` (its wait in the queue included) is recorded as the request's `queue`
+component (`state.attrs[extproc.attribution.QUEUE_ATTR]` = (phase, seconds); docs/attribution.md).
 `QosQueueAtHeaders` runs where dispatch runs at request headers (kinds that never read the body, and
 bodiless requests of kinds that do: `only_without_body`), `QosQueueAtBody` where it runs at the body.
 With a canary rollout the pool is the first candidate with admission, which may not be the arm's.
@@ -18,11 +20,13 @@ Cost: routes without a pool get no stage; with one, see `Admission.acquire` (adm
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from extproc.attribution import QUEUE_ATTR, TIMING_ATTR
 from extproc.qos.priority import PRIORITY_ATTR
 from extproc.qos.queue import SLOT_ATTR, Admission, AdmissionConfig, estimate_tokens
-from extproc.types import HttpMessage, Outcome, RequestState, Verdict
+from extproc.types import HttpMessage, Outcome, Phase, RequestState, Verdict
 
 
 class _QosQueue:
@@ -42,7 +46,7 @@ class _QosQueue:
             adm = self._own
         return adm
 
-    async def admit(self, state: RequestState, body: bytes | None) -> Verdict | None:
+    async def admit(self, state: RequestState, body: bytes | None, phase: Phase) -> Verdict | None:
         if SLOT_ATTR in state.attrs:
             return None
         route = state.route
@@ -58,7 +62,13 @@ class _QosQueue:
         if pool is None:
             return None
         cls = state.attrs.get(PRIORITY_ATTR) or self.default_class
-        return await adm.acquire(pool, state, cls, estimate_tokens(req), len(body) if body else 0)
+        if TIMING_ATTR not in state.attrs:  # no serverTiming on the route: nothing to attribute
+            return await adm.acquire(pool, state, cls, estimate_tokens(req), len(body) if body else 0)
+        t0 = time.perf_counter()
+        try:
+            return await adm.acquire(pool, state, cls, estimate_tokens(req), len(body) if body else 0)
+        finally:
+            state.attrs[QUEUE_ATTR] = (phase, time.perf_counter() - t0)
 
     def on_done(self, state: RequestState, outcome: Outcome) -> None:
         if SLOT_ATTR in state.attrs:
@@ -73,12 +83,12 @@ class QosQueueAtHeaders(_QosQueue):
     async def on_request_headers(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
         if self.only_without_body and not msg.end_of_stream:
             return None  # the body comes next: admitted there, with its model and size
-        return await self.admit(state, None)
+        return await self.admit(state, None, Phase.REQUEST_HEADERS)
 
 
 class QosQueueAtBody(_QosQueue):
     async def on_request_body(self, state: RequestState, msg: HttpMessage) -> Verdict | None:
-        return await self.admit(state, msg.body)
+        return await self.admit(state, msg.body, Phase.REQUEST_BODY)
 
 
 __all__ = ["QosQueueAtHeaders", "QosQueueAtBody"]

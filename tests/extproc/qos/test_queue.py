@@ -410,3 +410,62 @@ def test_reserve_config_defaults_to_the_critical_classes_and_refuses_bad_classes
     assert "reserveClasses" in refusal("      - {backend: llm, reserve: 0.1, reserveClasses: [P9]}")
     assert "sheddable" in refusal("      - {backend: llm, reserve: 0.1, reserveClasses: [P2]}")
     assert "reserve" in refusal("      - {backend: llm, reserve: 0.9}")
+
+
+def test_the_wait_in_the_queue_is_the_attributions_queue_component_not_the_processors():
+    """On a route with serverTiming, the qos-queue stage records its time in admission (the wait included) as
+    (phase, seconds); Timing.components reports it as `queue` and takes it out of that phase's processor time.
+    A request admitted at once has a `queue` of microseconds; a route without serverTiming records nothing."""
+    from extproc.attribution import QUEUE_ATTR, TIMING_ATTR, Timing, header_value
+    from extproc.stages.qos_queue import QosQueueAtBody
+    from extproc.types import Phase
+
+    spec = SimpleNamespace(mode="always", tenants=(), header=None)
+    route = SimpleNamespace(name="api", timeout=None, backends_for_model=lambda model: [SimpleNamespace(name="llm")])
+
+    def timed(with_timing=True):
+        s = req()
+        s.route, s.request, s.runtime = route, None, None
+        s.served = s.endpoint = s.first_byte = None
+        if with_timing:
+            s.attrs[TIMING_ATTR] = Timing(spec)
+        return s
+
+    async def run():
+        adm = admission()
+        pool = adm.pools["llm"]
+        holders = [req(), req()]
+        for h in holders:
+            assert await adm.acquire(pool, h, P1, 1, 0) is None
+        stage = QosQueueAtBody(AdmissionConfig({"llm": pool.cfg}, {}, ()), P1)
+        stage._own = adm
+        msg = SimpleNamespace(body=b"{}")
+        waiting = timed()
+        task = asyncio.create_task(stage.on_request_body(waiting, msg))
+        await asyncio.sleep(0.05)
+        assert pool.queue.count == 1 and QUEUE_ATTR not in waiting.attrs
+        adm.release(holders[0])
+        assert await task is None
+        phase, waited = waiting.attrs[QUEUE_ATTR]
+        assert phase is Phase.REQUEST_BODY and waited >= 0.05
+        timing = waiting.attrs[TIMING_ATTR]
+        timing.processor["processor_request_headers"] = 0.001
+        timing.processor["processor_request_body"] = waited + 0.002  # the phase's message held the wait
+        out = timing.components(waiting, None)
+        assert out["queue"] == waited and out["processor_request_headers"] == 0.001
+        assert abs(out["processor_request_body"] - 0.002) < 1e-9
+        assert 'queue;dur=' in header_value(out, None) and 'desc="gateway admission"' in header_value(out, None)
+        # admitted at once: microseconds in admission, none of it waiting
+        adm.release(holders[1])
+        at_once = timed()
+        assert await stage.on_request_body(at_once, msg) is None
+        assert 0 < at_once.attrs[QUEUE_ATTR][1] < 0.01
+        # no serverTiming on the route: nothing recorded
+        plain = timed(with_timing=False)
+        adm.release(waiting)
+        assert await stage.on_request_body(plain, msg) is None and QUEUE_ATTR not in plain.attrs
+        # a route without admission: queue 0 and the header says there is no gateway queue
+        none = Timing(spec).components(timed(), None)
+        assert none["queue"] == 0.0 and 'desc="no gateway queue"' in header_value(none, None)
+
+    asyncio.run(run())
