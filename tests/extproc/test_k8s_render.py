@@ -39,8 +39,7 @@ CRDS = {
 }
 FINANCE = REPO / "examples" / "finance-llm-adapter.yaml"
 EPP = REPO / "examples" / "k8s" / "epp-pool.yaml"
-CONFIGS = [FINANCE, EPP, REPO / "examples" / "compose.yaml", REPO / "examples" / "canary.yaml",
-           REPO / "examples" / "inference-backends.yaml"]
+CONFIGS = [*sorted((REPO / "examples").glob("*.yaml")), EPP]  # every example config (docs/deploy-kubernetes.md)
 
 
 def _strict(schema: dict) -> dict:
